@@ -1,0 +1,47 @@
+"""The interface between attention and a KV cache.
+
+Attention hands the cache this step's un-rotated q/k and v; the cache applies RoPE at the positions
+it chooses, writes K/V into its static buffers (allocated once, in __init__) and returns the
+query, the keys/values to attend over and a boolean mask. Policies that score tokens by attention
+set `wants_probs` and receive the probabilities through `observe` after the attention product.
+
+Every tensor a cache allocates lives in a registered buffer, so `nbytes` is exact and `.to()`
+moves it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from model import apply_rope
+
+
+class KVCache(nn.Module):
+    wants_probs = False
+
+    def __init__(self, rope: Tensor):
+        super().__init__()
+        self.register_buffer("rope", rope, persistent=False)  # [max_len, D // 2, 2] float32
+
+    def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor):
+        """q [B, H, T, D], k/v [B, Hkv, T, D] at positions input_pos [T].
+
+        Returns (q, k_all, v_all, mask) with k_all/v_all [B, Hkv, S, D] and mask
+        [B|1, Hkv|1, T, S] (True = attend)."""
+        raise NotImplementedError
+
+    def observe(self, probs: Tensor) -> None:
+        """Attention probabilities [B, Hkv, G, T, S] (float32) of this step."""
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        return apply_rope(x, self.rope[positions])
+
+    @property
+    def nbytes(self) -> int:
+        """Exact bytes of the K/V storage and index maps (the shared RoPE table excluded)."""
+        return sum(b.numel() * b.element_size() for name, b in self.named_buffers()
+                   if name != "rope")

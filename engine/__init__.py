@@ -1,0 +1,1 @@
+"""Loading, tokenizers, conversion, generation loop and default-model resolution."""

@@ -1,0 +1,156 @@
+"""Generate text: python generate.py --prompt "..." [--cache POLICY] [--compile] [--json].
+
+Without --checkpoint_path it runs the embedded default model (SmolLM2-135M-Instruct), converted
+on first use. Text streams to stdout as it is generated; the summary goes to stderr. With --json,
+stdout is one JSON object.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+
+import torch
+
+from caches import POLICIES, make_cache_factory
+from engine.cli import (DTYPES, Parser, non_negative_float, positive_int, resolve_device,
+                        resolve_dtype, run)
+from engine.errors import UserError
+
+MAX_SEQ_ROUND = 64
+
+
+def build_parser() -> Parser:
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint_path", default=None,
+                   help="engine checkpoint directory (convert_hf.py output); default: the "
+                        "embedded SmolLM2-135M-Instruct")
+    p.add_argument("--prompt", default="Hello, my name is")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--max_new_tokens", type=positive_int, default=200)
+    p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 = greedy")
+    p.add_argument("--top_k", type=positive_int, default=200)
+    p.add_argument("--num_samples", type=positive_int, default=1)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
+    p.add_argument("--compile_prefill", action="store_true",
+                   help="also compile prefill (prompts padded to power-of-two buckets)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
+    p.add_argument("--dtype", choices=list(DTYPES), default=None,
+                   help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--cache", choices=list(POLICIES), default="full", help="KV cache policy")
+    p.add_argument("--max_seq_length", type=positive_int, default=None,
+                   help="cache length in tokens (default: prompt + max_new_tokens, rounded up)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return p
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+class TextStream:
+    """Prints decoded text as tokens arrive; holds back incomplete UTF-8 sequences."""
+
+    def __init__(self, tokenizer, skip_ids, out=sys.stdout):
+        self.tokenizer, self.skip, self.out = tokenizer, set(skip_ids), out
+        self.ids, self.printed = [], 0
+
+    def __call__(self, token_id: int) -> None:
+        if token_id in self.skip:
+            return
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return
+        self.out.write(text[self.printed:])
+        self.out.flush()
+        self.printed = len(text)
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    from engine.checkpoint import load_model, read_config
+    from engine.default_model import default_checkpoint
+    from engine.generation import Generator
+    from engine.tokenizer import load_tokenizer
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    ckpt = args.checkpoint_path or default_checkpoint()
+    cfg = read_config(ckpt)
+    tokenizer = load_tokenizer(ckpt)
+    context = cfg["model"]["max_position_embeddings"]
+
+    text = args.prompt
+    if args.chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+    # A chat template writes its own BOS when the model wants one.
+    prompt = tokenizer.encode(text, bos=False if args.chat else None)
+    if not prompt:
+        raise UserError("the prompt is empty after tokenization; pass a non-empty --prompt")
+
+    max_seq_length = args.max_seq_length
+    if max_seq_length is None:
+        wanted = len(prompt) + args.max_new_tokens
+        max_seq_length = min(-(-wanted // MAX_SEQ_ROUND) * MAX_SEQ_ROUND, context)
+    elif max_seq_length > context:
+        raise UserError(f"--max_seq_length {max_seq_length} exceeds the model's context of "
+                        f"{context} tokens; use at most {context}")
+    if len(prompt) >= max_seq_length:
+        raise UserError(f"the prompt is {len(prompt)} tokens but --max_seq_length is "
+                        f"{max_seq_length}; raise --max_seq_length above {len(prompt)} (the model "
+                        f"allows {context}) or shorten the prompt")
+    if len(prompt) + args.max_new_tokens > max_seq_length:
+        print(f"note: the cache holds {max_seq_length} tokens: generating at most "
+              f"{max_seq_length - len(prompt)} new tokens", file=sys.stderr)
+
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    t = time.perf_counter()
+    model = load_model(ckpt, device=device, dtype=dtype)
+    gen = Generator(model, max_seq_length, make_cache=make_cache_factory(args.cache),
+                    compile=args.compile, compile_prefill=args.compile_prefill)
+    load_s = time.perf_counter() - t
+    if not args.json:
+        print(f"loaded {ckpt} in {load_s:.1f} s ({device}, {str(dtype).removeprefix('torch.')}, "
+              f"cache {args.cache})", file=sys.stderr)
+
+    samples = []
+    for i in range(args.num_samples):
+        stream = None
+        if not args.json:
+            if args.num_samples > 1:
+                print(f"--- sample {i + 1}", file=sys.stderr)
+            sys.stdout.write(args.prompt if not args.chat else "")
+            stream = TextStream(tokenizer, tokenizer.eos_ids)
+        g = gen.generate(prompt, args.max_new_tokens, args.temperature, args.top_k,
+                         eos_ids=tokenizer.eos_ids, callback=stream)
+        new_ids = g.new_ids[0]
+        shown = [t for t in new_ids if t not in set(tokenizer.eos_ids)]
+        samples.append({"text": tokenizer.decode(shown), "token_ids": g.token_ids[0],
+                        "new_tokens": g.new_tokens, "tokens_per_s": g.tokens_per_s,
+                        "prefill_s": g.prefill_s})
+        if not args.json:
+            print()
+            print(f"{g.new_tokens} tokens, prefill {g.prefill_s:.2f} s, decode "
+                  f"{g.tokens_per_s:.1f} tokens/s" + (" (stopped at EOS)" if g.stopped_at_eos else ""),
+                  file=sys.stderr)
+
+    memory = {"cache_bytes": gen.cache_bytes, "peak_memory_bytes": peak_memory_bytes(device)}
+    if args.json:
+        result = dict(samples[0], **memory, cache=args.cache, device=str(device),
+                      dtype=str(dtype).removeprefix("torch."), max_seq_length=max_seq_length)
+        if args.num_samples > 1:
+            result["samples"] = samples
+        print(json.dumps(result))
+    else:
+        print(f"cache {memory['cache_bytes'] / 2**20:.1f} MiB, peak memory "
+              f"{memory['peak_memory_bytes'] / 2**20:.0f} MiB", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,216 @@
+"""A Llama-family transformer in one file.
+
+Covers Llama 1/2/3/3.1, Mistral-style GQA models, SmolLM2 and Qwen2-style q/k/v bias. The model
+never owns a KV cache policy: each Attention talks to a cache object (see caches/base.py) that
+writes this step's K/V into static buffers and returns what to attend to and the mask.
+
+Q/K use the half-split RoPE layout (rotate the first half of each head against the second);
+convert_hf.py permutes Meta-interleaved checkpoints (GGUF, consolidated.pth) into it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class ModelArgs:
+    vocab_size: int
+    n_layer: int
+    dim: int
+    n_head: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+    # Llama-3.1 style frequency scaling: {"factor", "low_freq_factor", "high_freq_factor",
+    # "original_max_position_embeddings"}; None for plain RoPE.
+    rope_scaling: Optional[dict] = None
+    tie_embeddings: bool = False
+    attention_bias: bool = False
+    max_position_embeddings: int = 2048
+
+    def __post_init__(self):
+        for name in ("vocab_size", "n_layer", "dim", "n_head", "n_kv_heads", "head_dim",
+                     "intermediate_size", "max_position_embeddings"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"model config: {name} must be positive, got {getattr(self, name)}")
+        if self.n_head % self.n_kv_heads:
+            raise ValueError(f"model config: n_head={self.n_head} is not a multiple of "
+                             f"n_kv_heads={self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"model config: head_dim={self.head_dim} must be even for RoPE")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelArgs":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"model config: unknown fields {unknown}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalize in float32 like the reference; cast back before the weight, as HF Llama does.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.type_as(x)
+
+
+def rope_frequencies(head_dim: int, base: float, scaling: Optional[dict]) -> Tensor:
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if scaling:
+        # Llama-3.1: keep high frequencies, divide low ones by `factor`, blend in between.
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        inv_freq = torch.where(wavelen > old_len / low, inv_freq / factor,
+                               torch.where(wavelen < old_len / high, inv_freq, blended))
+    return inv_freq.float()
+
+
+def rope_table(max_len: int, head_dim: int, base: float, scaling: Optional[dict]) -> Tensor:
+    """cos/sin of every position, float32, shape [max_len, head_dim // 2, 2]."""
+    inv_freq = rope_frequencies(head_dim, base, scaling)
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+    return torch.stack([angles.cos(), angles.sin()], dim=-1)
+
+
+def apply_rope(x: Tensor, cos_sin: Tensor) -> Tensor:
+    """Rotate x [..., T, D] (half-split layout) by cos_sin [..., T, D // 2, 2], in float32."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    cos, sin = cos_sin.unbind(-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_head, self.n_kv_heads, self.head_dim = args.n_head, args.n_kv_heads, args.head_dim
+        qkv_dim = (args.n_head + 2 * args.n_kv_heads) * args.head_dim
+        self.wqkv = nn.Linear(args.dim, qkv_dim, bias=args.attention_bias)
+        self.wo = nn.Linear(args.n_head * args.head_dim, args.dim, bias=False)
+        self.kv_cache = None  # set by Transformer.setup_caches
+
+    def forward(self, x: Tensor, input_pos: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        H, Hkv, D = self.n_head, self.n_kv_heads, self.head_dim
+        G = H // Hkv
+        q, k, v = self.wqkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
+        q = q.view(B, T, H, D).transpose(1, 2)
+        k = k.view(B, T, Hkv, D).transpose(1, 2)
+        v = v.view(B, T, Hkv, D).transpose(1, 2)
+
+        # The cache applies RoPE (it owns the position map), stores K/V with n_kv_heads and
+        # returns the keys/values to attend over plus a boolean mask [B|1, Hkv|1, T, S].
+        q, k, v, mask = self.kv_cache.update(input_pos, q, k, v)
+
+        # GQA without repeating K/V: fold each KV group's query heads into the query axis.
+        qg = q.reshape(B, Hkv, G * T, D)
+        mask = mask.unsqueeze(2).expand(-1, -1, G, -1, -1).flatten(2, 3)
+        if self.kv_cache.wants_probs:
+            # Score-based policies need the attention probabilities, which SDPA hides.
+            scores = (qg.float() @ k.float().transpose(-1, -2)) / math.sqrt(D)
+            probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+            y = (probs.to(v.dtype) @ v)
+            self.kv_cache.observe(probs.view(B, Hkv, G, T, -1))
+        else:
+            y = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
+        y = y.view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+        return self.wo(y)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.w1 = nn.Linear(args.dim, args.intermediate_size, bias=False)
+        self.w3 = nn.Linear(args.dim, args.intermediate_size, bias=False)
+        self.w2 = nn.Linear(args.intermediate_size, args.dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+
+    def forward(self, x: Tensor, input_pos: Tensor) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), input_pos)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layer))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.max_batch_size = -1
+        self.max_seq_length = -1
+
+    def setup_caches(self, max_batch_size: int, max_seq_length: int,
+                     make_cache: Optional[Callable[..., nn.Module]] = None) -> None:
+        """Allocate every layer's static cache once, outside any compiled region.
+
+        make_cache(batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope) builds one
+        layer's cache; the default is the plain full cache.
+        """
+        if make_cache is None:
+            from caches import FullCache
+            make_cache = FullCache
+        p = self.output.weight
+        rope = rope_table(max_seq_length, self.args.head_dim, self.args.rope_base,
+                          self.args.rope_scaling).to(p.device)
+        for layer in self.layers:
+            layer.attention.kv_cache = make_cache(
+                max_batch_size, self.args.n_kv_heads, self.args.head_dim, max_seq_length,
+                p.dtype, rope).to(p.device)
+        self.max_batch_size, self.max_seq_length = max_batch_size, max_seq_length
+
+    def caches(self) -> list:
+        return [layer.attention.kv_cache for layer in self.layers]
+
+    def reset_caches(self) -> None:
+        for cache in self.caches():
+            cache.reset()
+
+    def forward(self, idx: Tensor, input_pos: Tensor, out_idx: Optional[Tensor] = None) -> Tensor:
+        """idx [B, T] token ids at positions input_pos [T]; logits [B, T, vocab] in float32.
+
+        out_idx selects which of the T positions get logits (prefill needs only the last one).
+        """
+        assert self.layers[0].attention.kv_cache is not None, "call setup_caches() first"
+        x = self.tok_embeddings(idx)
+        for layer in self.layers:
+            x = layer(x, input_pos)
+        if out_idx is not None:
+            x = x[:, out_idx]
+        return self.output(self.norm(x)).float()

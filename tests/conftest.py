@@ -1,0 +1,43 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DATA = Path(__file__).resolve().parent / "data"
+
+from model import ModelArgs, Transformer  # noqa: E402
+
+
+def tiny_args(**overrides) -> ModelArgs:
+    base = dict(vocab_size=256, n_layer=2, dim=64, n_head=4, n_kv_heads=2, head_dim=16,
+                intermediate_size=128, max_position_embeddings=512)
+    base.update(overrides)
+    return ModelArgs(**base)
+
+
+def tiny_model(seed=0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(tiny_args(**overrides))
+    with torch.no_grad():  # default init is too flat to tell positions apart; widen it
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def default_checkpoint():
+    """The embedded default model, converted once (REGIONKV_HOME or ~/.cache/regionkv)."""
+    from engine.default_model import default_checkpoint as resolve
+    return resolve()
+
+
+def run_cli(script, *args, env=None, timeout=600):
+    import subprocess
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, str(ROOT / script), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
