@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
@@ -102,6 +102,26 @@ def apply_rope(x: Tensor, cos_sin: Tensor) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
 
 
+class KVSegment(NamedTuple):
+    """A stretch of cache slots attention reads: K/V [B, Hkv, S, D] in the model dtype, or int8
+    with symmetric per-token, per-head scales k_scale/v_scale [B, Hkv, S, 1]."""
+    k: Tensor
+    v: Tensor
+    k_scale: Optional[Tensor] = None
+    v_scale: Optional[Tensor] = None
+
+    def scores(self, q: Tensor) -> Tensor:
+        """q [B, Hkv, M, D] -> unscaled q.k [B, Hkv, M, S] in float32."""
+        s = q.float() @ self.k.float().transpose(-1, -2)
+        return s if self.k_scale is None else s * self.k_scale.transpose(-1, -2)
+
+    def mix(self, probs: Tensor) -> Tensor:
+        """probs [B, Hkv, M, S] (float32) -> probs @ V [B, Hkv, M, D] in float32."""
+        if self.v_scale is None:
+            return (probs.to(self.v.dtype) @ self.v).float()
+        return (probs * self.v_scale.transpose(-1, -2)) @ self.v.float()
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -121,20 +141,27 @@ class Attention(nn.Module):
         v = v.view(B, T, Hkv, D).transpose(1, 2)
 
         # The cache applies RoPE (it owns the position map), stores K/V with n_kv_heads and
-        # returns the keys/values to attend over plus a boolean mask [B|1, Hkv|1, T, S].
-        q, k, v, mask = self.kv_cache.update(input_pos, q, k, v)
+        # returns the stretches of slots to attend over (each K/V in the model dtype, or int8
+        # with per-token scales) plus one boolean mask [B|1, Hkv|1, T, S] over all of them.
+        q, segments, mask = self.kv_cache.update(input_pos, q, k, v)
 
         # GQA without repeating K/V: fold each KV group's query heads into the query axis.
         qg = q.reshape(B, Hkv, G * T, D)
         mask = mask.unsqueeze(2).expand(-1, -1, G, -1, -1).flatten(2, 3)
-        if self.kv_cache.wants_probs:
-            # Score-based policies need the attention probabilities, which SDPA hides.
-            scores = (qg.float() @ k.float().transpose(-1, -2)) / math.sqrt(D)
-            probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-            y = (probs.to(v.dtype) @ v)
-            self.kv_cache.observe(probs.view(B, Hkv, G, T, -1))
+        wants_probs = self.kv_cache.wants_probs
+        if len(segments) == 1 and segments[0].k_scale is None and not wants_probs:
+            y = F.scaled_dot_product_attention(qg, segments[0].k, segments[0].v, attn_mask=mask)
         else:
-            y = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
+            # Explicit softmax: policies that score tokens need the probabilities (SDPA hides
+            # them), and int8 stretches are dequantized here, by their per-token scales, on the
+            # fly: q.(s k) = s (q.k) and p.(s v) = (p s).v, never a dequantized copy of the cache.
+            scores = torch.cat([seg.scores(qg) for seg in segments], dim=-1) / math.sqrt(D)
+            probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+            y = sum(seg.mix(p) for seg, p in
+                    zip(segments, probs.split([seg.k.shape[2] for seg in segments], dim=-1)))
+            y = y.to(q.dtype)
+            if wants_probs:
+                self.kv_cache.observe(probs.view(B, Hkv, G, T, -1))
         y = y.view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
         return self.wo(y)
 

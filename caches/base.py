@@ -4,6 +4,8 @@ Attention hands the cache this step's un-rotated q/k and v; the cache applies Ro
 it chooses, writes K/V into its static buffers (allocated once, in __init__) and returns the
 query, the keys/values to attend over and a boolean mask. Policies that score tokens by attention
 set `wants_probs` and receive the probabilities through `observe` after the attention product.
+Stretches stored in int8 come back as int8 with their scales; attention folds the scales into
+the scores and the probabilities instead of materialising a dequantized copy.
 
 Every tensor a cache allocates lives in a registered buffer, so `nbytes` is exact and `.to()`
 moves it.
@@ -14,7 +16,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from model import apply_rope
+from model import KVSegment, apply_rope
 
 
 class KVCache(nn.Module):
@@ -25,10 +27,10 @@ class KVCache(nn.Module):
         self.register_buffer("rope", rope, persistent=False)  # [max_len, D // 2, 2] float32
 
     def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor):
-        """q [B, H, T, D], k/v [B, Hkv, T, D] at positions input_pos [T].
+        """q [B, H, T, D], k/v [B, Hkv, T, D] (un-rotated) at positions input_pos [T].
 
-        Returns (q, k_all, v_all, mask) with k_all/v_all [B, Hkv, S, D] and mask
-        [B|1, Hkv|1, T, S] (True = attend)."""
+        Returns (q, segments, mask): q rotated, a list of KVSegment (the slots to attend over,
+        S in all) and mask [B|1, Hkv|1, T, S] (True = attend), in segment order."""
         raise NotImplementedError
 
     def observe(self, probs: Tensor) -> None:

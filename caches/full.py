@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from caches.base import KVCache
+from caches.base import KVCache, KVSegment
 
 
 class FullCache(KVCache):
@@ -29,7 +29,7 @@ class FullCache(KVCache):
         self.v.index_copy_(2, input_pos, v)
         self.pos.index_copy_(2, input_pos, input_pos.view(1, 1, -1))
         mask = (self.pos.unsqueeze(-2) <= input_pos.view(-1, 1)) & (self.pos.unsqueeze(-2) >= 0)
-        return q, self.k, self.v, mask
+        return q, [KVSegment(self.k, self.v)], mask
 
     def reset(self) -> None:
         self.k.zero_()

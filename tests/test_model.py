@@ -120,3 +120,27 @@ def test_cache_bytes_are_exact():
     gen = Generator(model, max_seq_length=100, batch_size=2)
     per_layer = 2 * (2 * 2 * 100 * 16 * 4) + 100 * 8  # K and V float32, pos int64
     assert gen.cache_bytes == 2 * per_layer
+
+
+def test_explicit_attention_path_matches_sdpa_and_reports_probabilities():
+    from caches import FullCache
+
+    seen = []
+
+    class ObservingCache(FullCache):
+        wants_probs = True
+
+        def observe(self, probs):
+            seen.append(probs)
+
+    model = tiny_model()
+    ids = torch.randint(0, 256, (2, 12))
+    ref = full_logits(model, ids)
+    model.setup_caches(2, 64, ObservingCache)
+    out = model(ids, torch.arange(12))
+    assert (out - ref).abs().max() < 1e-4
+    probs = seen[0]  # [B, Hkv, G, T, S]
+    assert probs.shape == (2, 2, 2, 12, 64)
+    assert torch.allclose(probs.sum(-1), torch.ones(2, 2, 2, 12))
+    assert probs[..., 12:].abs().max() == 0  # empty slots get nothing
+    assert probs[0, 0, 0, 3, 4:].abs().max() == 0  # causal
