@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from caches import POLICIES, make_cache_factory
-from engine.cli import (DTYPES, Parser, non_negative_float, positive_int, resolve_device,
+from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args,
+                        list_caches, non_negative_float, positive_int, resolve_device,
                         resolve_dtype, run)
 from engine.errors import UserError
 
@@ -39,7 +39,7 @@ def build_parser() -> Parser:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="default: bfloat16 on CUDA, float32 on CPU")
-    p.add_argument("--cache", choices=list(POLICIES), default="full", help="KV cache policy")
+    add_cache_arguments(p)
     p.add_argument("--max_seq_length", type=positive_int, default=None,
                    help="cache length in tokens (default: prompt + max_new_tokens, rounded up)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -73,6 +73,10 @@ class TextStream:
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
+    if args.list_caches:
+        print(list_caches())
+        return
+    make_cache = cache_factory_from_args(args, seed=args.seed or 0)
     from engine.checkpoint import load_model, read_config
     from engine.default_model import default_checkpoint
     from engine.generation import Generator
@@ -94,25 +98,31 @@ def main(argv=None) -> None:
         raise UserError("the prompt is empty after tokenization; pass a non-empty --prompt")
 
     max_seq_length = args.max_seq_length
-    if max_seq_length is None:
-        wanted = len(prompt) + args.max_new_tokens
-        max_seq_length = min(-(-wanted // MAX_SEQ_ROUND) * MAX_SEQ_ROUND, context)
-    elif max_seq_length > context:
-        raise UserError(f"--max_seq_length {max_seq_length} exceeds the model's context of "
-                        f"{context} tokens; use at most {context}")
-    if len(prompt) >= max_seq_length:
-        raise UserError(f"the prompt is {len(prompt)} tokens but --max_seq_length is "
-                        f"{max_seq_length}; raise --max_seq_length above {len(prompt)} (the model "
-                        f"allows {context}) or shorten the prompt")
-    if len(prompt) + args.max_new_tokens > max_seq_length:
-        print(f"note: the cache holds {max_seq_length} tokens: generating at most "
-              f"{max_seq_length - len(prompt)} new tokens", file=sys.stderr)
+    round_up = lambda n: -(-n // MAX_SEQ_ROUND) * MAX_SEQ_ROUND  # noqa: E731
+    if args.cache != "full" and args.positions == "cache":
+        # Keys rotate by their rank in the cache: positions never outgrow it, so the stream is
+        # unbounded and the RoPE table only has to cover the cache.
+        max_seq_length = max_seq_length or min(round_up(args.cache_size + 2 * 64 + 1), context)
+    else:
+        if max_seq_length is None:
+            max_seq_length = min(round_up(len(prompt) + args.max_new_tokens), context)
+        elif max_seq_length > context:
+            raise UserError(f"--max_seq_length {max_seq_length} exceeds the model's context of "
+                            f"{context} tokens; use at most {context}, or --positions cache with "
+                            f"a compressing --cache for longer streams")
+        if len(prompt) >= max_seq_length:
+            raise UserError(f"the prompt is {len(prompt)} tokens but --max_seq_length is "
+                            f"{max_seq_length}; raise --max_seq_length above {len(prompt)} (the "
+                            f"model allows {context}) or shorten the prompt")
+        if len(prompt) + args.max_new_tokens > max_seq_length:
+            print(f"note: positions stop at {max_seq_length}: generating at most "
+                  f"{max_seq_length - len(prompt)} new tokens", file=sys.stderr)
 
     if args.seed is not None:
         torch.manual_seed(args.seed)
     t = time.perf_counter()
     model = load_model(ckpt, device=device, dtype=dtype)
-    gen = Generator(model, max_seq_length, make_cache=make_cache_factory(args.cache),
+    gen = Generator(model, max_seq_length, make_cache=make_cache,
                     compile=args.compile, compile_prefill=args.compile_prefill)
     load_s = time.perf_counter() - t
     if not args.json:

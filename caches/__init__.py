@@ -1,14 +1,135 @@
-"""KV caches: the shared interface, and one file per policy, registered by name."""
-from caches.base import KVCache
-from caches.full import FullCache
+"""KV caches: the shared interface, the region cache and one small file per policy.
 
-# name -> (class, one-line description); generate.py --cache takes its choices from here.
+Adding a policy: one file with a RegionCache subclass, plus one line in POLICIES.
+"""
+from __future__ import annotations
+
+from caches.a2sf import A2SFCache
+from caches.base import KVCache
+from caches.cam import CaMCache
+from caches.full import FullCache
+from caches.h2o import H2OCache
+from caches.lagkv import LagKVCache
+from caches.quantized import QuantizedCache
+from caches.region import RegionCache
+from caches.streaming import StreamingCache
+from caches.tova import TOVACache
+from caches.weightedkv import WeightedKVCache, WeightedKVEvictCache
+from engine.errors import UserError
+
 POLICIES = {
-    "full": (FullCache, "keep every token (capacity = max_seq_length)"),
+    "full": FullCache,
+    "streaming": StreamingCache,
+    "quantized": QuantizedCache,
+    "h2o": H2OCache,
+    "tova": TOVACache,
+    "a2sf": A2SFCache,
+    "weightedkv": WeightedKVCache,
+    "weightedkv-evict": WeightedKVEvictCache,
+    "cam": CaMCache,
+    "lagkv": LagKVCache,
 }
 
+DEFAULT_CACHE_SIZE = 256
+DEFAULT_SINK = 4
+DEFAULT_CHUNK = 32
 
-def make_cache_factory(name: str):
+
+def describe(name: str) -> str:
+    cls = POLICIES[name]
+    return getattr(cls, "description", "") or "keep every token (capacity = max_seq_length)"
+
+
+def policy_options(name: str) -> dict:
+    return dict(getattr(POLICIES[name], "options", {}))
+
+
+def region_sizes(name: str, cache_size: int, sink=None, window=None) -> tuple[int, int, int]:
+    """(sink, window, middle) for a policy: the WeightedKV paper's split by default (sink 4,
+    window N//2 - 4, middle N - N//2); middle-less policies give the middle to the window."""
+    cls = POLICIES[name]
+    sink = DEFAULT_SINK if sink is None else sink
+    if sink < 0:
+        raise UserError(f"--sink must be >= 0, got {sink}")
+    if window is None:
+        window = cache_size - sink if not cls.has_middle else cache_size // 2 - sink
+    if window < 1:
+        raise UserError(f"--window must be at least 1 (got {window}); raise --cache_size or "
+                        f"lower --sink")
+    middle = cache_size - sink - window if cls.has_middle else 0
+    if cls.has_middle and middle < 1:
+        raise UserError(f"--cache_size {cache_size} leaves no middle for {name} with sink {sink} "
+                        f"and window {window}; it needs cache_size >= sink + window + 1 = "
+                        f"{sink + window + 1}")
+    if not cls.has_middle and sink + window != cache_size:
+        raise UserError(f"{name} keeps sink + window tokens: --cache_size {cache_size} must equal "
+                        f"sink {sink} + window {window}")
+    return sink, window, middle
+
+
+def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=None,
+                       window=None, kv_middle: str = "model", positions: str = "original",
+                       chunk: int = DEFAULT_CHUNK, seed: int = 0, **options):
+    """A callable(batch, n_kv_heads, head_dim, max_seq_length, dtype, rope) building one
+    layer's cache of policy `name`, for Transformer.setup_caches."""
     if name not in POLICIES:
-        raise ValueError(f"unknown cache policy {name!r}; choose one of {', '.join(POLICIES)}")
-    return POLICIES[name][0]
+        raise UserError(f"unknown cache policy {name!r}; choose one of {', '.join(POLICIES)}")
+    cls = POLICIES[name]
+    allowed = policy_options(name)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        valid = ", ".join(f"--{o}" for o in allowed) or "none"
+        raise UserError(f"{name} has no option {', '.join('--' + u for u in unknown)} "
+                        f"(its options: {valid})")
+    if kv_middle not in ("model", "int8"):
+        raise UserError(f"--kv_middle must be 'model' or 'int8', got {kv_middle!r}")
+    if positions not in ("original", "cache"):
+        raise UserError(f"--positions must be 'original' or 'cache', got {positions!r}")
+    if cls is FullCache:
+        if kv_middle == "int8":
+            raise UserError("--kv_middle int8 needs a policy with a middle region; full has none "
+                            "(use --cache quantized)")
+        if positions == "cache":
+            raise UserError("--positions cache needs a compressing policy; full keeps every "
+                            "position")
+        return FullCache
+    if kv_middle == "int8" and not cls.has_middle:
+        raise UserError(f"--kv_middle int8 needs a policy with a middle region; {name} has none")
+    if cache_size < 2:
+        raise UserError(f"--cache_size must be at least 2, got {cache_size}")
+    sink, window, middle = region_sizes(name, cache_size, sink, window)
+    if name == "lagkv":
+        lag = options.get("lag") or window // 2
+        if not 1 <= lag <= window // 2:
+            raise UserError(f"--lag must be between 1 and window // 2 = {window // 2} (two lag "
+                            f"partitions must fit the window), got {lag}")
+        ratio = options.get("lag_keep_ratio", 0.5)
+        if not 0 < ratio <= 1:
+            raise UserError(f"--lag_keep_ratio must be in (0, 1], got {ratio}")
+    if name == "cam" and options.get("merge_span", 16) < 1:
+        raise UserError("--merge_span must be >= 1")
+    int8 = kv_middle == "int8" or getattr(cls, "always_int8", False)
+    return LayerFactory(cls, dict(sink=sink, window=window, middle=middle, chunk=chunk,
+                                  middle_int8=int8, positions=positions, seed=seed, **options))
+
+
+class LayerFactory:
+    """Builds one cache per layer, numbering the layers (CaM's random streams differ by layer)."""
+
+    def __init__(self, cls, kwargs: dict):
+        self.cls, self.kwargs, self.layers = cls, kwargs, 0
+        self.quantized_middle_capacity = cls is QuantizedCache
+
+    def __call__(self, batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope):
+        kw = dict(self.kwargs)
+        if self.quantized_middle_capacity:
+            # "Don't drop it": the middle holds every token the stream can reach.
+            kw["middle"] = max(1, max_seq_length - kw["sink"] - kw["window"] - kw["chunk"])
+        cache = self.cls(batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope,
+                         layer_id=self.layers, **kw)
+        self.layers += 1
+        return cache
+
+
+__all__ = ["KVCache", "RegionCache", "FullCache", "POLICIES", "make_cache_factory", "describe",
+           "policy_options", "region_sizes"]

@@ -21,6 +21,8 @@ from model import KVSegment, apply_rope
 
 class KVCache(nn.Module):
     wants_probs = False
+    has_middle = False
+    prefill_chunk = None  # None: any prompt length in one call; N: feed prompts N tokens at a time
 
     def __init__(self, rope: Tensor):
         super().__init__()

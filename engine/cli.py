@@ -67,3 +67,50 @@ def run(main) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+def add_cache_arguments(p) -> None:
+    """The cache flags shared by generate.py, eval.py and bench.py."""
+    from caches import DEFAULT_CACHE_SIZE, POLICIES
+    p.add_argument("--cache", choices=list(POLICIES), default="full",
+                   help="KV cache policy (see --list_caches)")
+    p.add_argument("--list_caches", action="store_true", help="list the cache policies and exit")
+    p.add_argument("--cache_size", type=positive_int, default=DEFAULT_CACHE_SIZE,
+                   help="retained tokens (sink + middle + window) of a compressing policy")
+    p.add_argument("--sink", type=int, default=None, help="sink tokens (default 4)")
+    p.add_argument("--window", type=int, default=None,
+                   help="window tokens (default cache_size // 2 - sink; streaming/cam: "
+                        "cache_size - sink)")
+    p.add_argument("--kv_middle", choices=["model", "int8"], default="model",
+                   help="store the middle region in the model dtype or INT8")
+    p.add_argument("--positions", choices=["original", "cache"], default="original",
+                   help="rotate keys at their original positions, or by rank in the cache "
+                        "(StreamingLLM pos-shift, for streams beyond the model's context)")
+    p.add_argument("--prefill_chunk", type=positive_int, default=None,
+                   help="prompt chunk size of compressing policies (default 32)")
+    # Policy options: None = not given, so a policy that has no such option can refuse it.
+    p.add_argument("--forgetting_factor", type=float, default=None, help="a2sf (default 0.2)")
+    p.add_argument("--merge_span", type=int, default=None, help="cam (default 16)")
+    p.add_argument("--lag", type=int, default=None, help="lagkv partition (default window // 2)")
+    p.add_argument("--lag_keep_ratio", type=float, default=None, help="lagkv (default 0.5)")
+
+
+POLICY_OPTIONS = ("forgetting_factor", "merge_span", "lag", "lag_keep_ratio")
+
+
+def list_caches() -> str:
+    from caches import POLICIES, describe
+    return "\n".join(f"{name:<18}{describe(name)}" for name in POLICIES)
+
+
+def cache_factory_from_args(args, seed: int = 0):
+    from caches import DEFAULT_CHUNK, make_cache_factory
+    options = {o: getattr(args, o) for o in POLICY_OPTIONS if getattr(args, o) is not None}
+    region = {}
+    if args.cache != "full":
+        region = dict(cache_size=args.cache_size, sink=args.sink, window=args.window,
+                      chunk=args.prefill_chunk or DEFAULT_CHUNK, seed=seed)
+    elif any(getattr(args, a) is not None for a in ("sink", "window", "prefill_chunk")):
+        raise UserError("--sink/--window/--prefill_chunk apply to compressing policies, not full")
+    return make_cache_factory(args.cache, kv_middle=args.kv_middle, positions=args.positions,
+                              **region, **options)

@@ -80,6 +80,9 @@ class Generator:
         with torch.device(self.device):
             model.setup_caches(batch_size, max_seq_length, make_cache)
         self.compiled_prefill = compile_prefill
+        # Caches that rotate keys by rank (--positions cache) never run out of positions.
+        self.unbounded = all(getattr(c, "positions", "original") == "cache"
+                             for c in model.caches())
         self.decode_fn = decode_one_token
         self.prefill_fn = prefill
         if compile:
@@ -95,10 +98,39 @@ class Generator:
     def check_prompt(self, n_prompt: int) -> None:
         if n_prompt == 0:
             raise UserError("the prompt is empty after tokenization; pass a non-empty --prompt")
-        if n_prompt >= self.max_seq_length:
+        if n_prompt >= self.max_seq_length and not self.unbounded:
             raise UserError(f"the prompt is {n_prompt} tokens but --max_seq_length is "
                             f"{self.max_seq_length}; raise --max_seq_length above {n_prompt} "
                             f"or shorten the prompt")
+
+    def prefill_prompt(self, tokens: Tensor, temperature: float, top_k: Optional[int]) -> Tensor:
+        """Run the prompt [B, T] through the caches; return the first sampled token [B, 1]."""
+        B, T = tokens.shape
+        dev = tokens.device
+        chunk = self.model.caches()[0].prefill_chunk
+        if chunk is None:
+            T_in = prefill_bucket(T, self.max_seq_length) if self.compiled_prefill else T
+            # Padding sits at positions >= T: masked from every real query, and overwritten by
+            # the decode steps that reach those positions.
+            padded = torch.zeros(B, T_in, dtype=torch.long, device=dev)
+            padded[:, :T] = tokens
+            return self.prefill_fn(self.model, padded, torch.arange(T_in, device=dev),
+                                   torch.tensor([T - 1], device=dev), temperature, top_k)
+        # Compressing caches take fixed-size chunks (compressing after each), then the remainder
+        # one token at a time through the decode step: two graphs for every prompt length.
+        n_chunks = T // chunk
+        last = torch.tensor([chunk - 1], device=dev)
+        token = None
+        for c in range(n_chunks):
+            span = torch.arange(c * chunk, (c + 1) * chunk, device=dev)
+            token = self.prefill_fn(self.model, tokens[:, c * chunk:(c + 1) * chunk], span, last,
+                                    temperature, top_k)
+        for t in range(n_chunks * chunk, T):
+            # contiguous like the decode loop's own tokens, so the graph's stride guards hold
+            step = tokens[:, t:t + 1].clone(memory_format=torch.contiguous_format)
+            token = self.decode_fn(self.model, step, torch.tensor([t], device=dev), temperature,
+                                   top_k)
+        return token
 
     @torch.inference_mode()
     def generate(self, prompt: list, max_new_tokens: int, temperature: float = 0.0,
@@ -113,22 +145,16 @@ class Generator:
             raise UserError(f"expected {self.batch_size} prompts of equal length")
         T = len(rows[0])
         self.check_prompt(T)
-        max_new_tokens = min(max_new_tokens, self.max_seq_length - T)
+        if not self.unbounded:
+            max_new_tokens = min(max_new_tokens, self.max_seq_length - T)
         eos = torch.tensor(sorted(set(eos_ids)) or [-1], device=self.device)
         self.model.reset_caches()
 
         dev = self.device
-        T_in = prefill_bucket(T, self.max_seq_length) if self.compiled_prefill else T
-        tokens = torch.zeros(self.batch_size, T_in, dtype=torch.long, device=dev)
-        tokens[:, :T] = torch.tensor(rows, dtype=torch.long, device=dev)
-        # Padding tokens sit at positions >= T: they are masked from every real query and their
-        # slots are overwritten by the decode steps that reach those positions.
-        input_pos = torch.arange(T_in, device=dev)
-        last = torch.tensor([T - 1], device=dev)
-
         sync(dev)
         t0 = time.perf_counter()
-        token = self.prefill_fn(self.model, tokens, input_pos, last, temperature, top_k).clone()
+        token = self.prefill_prompt(torch.tensor(rows, dtype=torch.long, device=dev),
+                                    temperature, top_k).clone()
         out = [token]
         finished = torch.isin(token.view(-1), eos)
         # Reading the new token (to stream it and stop at EOS) is the loop's only host sync.

@@ -1,0 +1,25 @@
+from torch import Tensor
+
+from caches.region import RegionCache
+
+
+class A2SFCache(RegionCache):
+    """A2SF, accumulative attention with a forgetting factor (Jo & Shin, 2024): evict the middle
+    token with the lowest s, where every step s <- alpha * s + a_t.
+
+    State: s [B, Hkv, C]. Option: forgetting_factor alpha (default 0.2).
+    """
+    stats = ("s",)
+    options = {"forgetting_factor": 0.2}
+    description = "evict the lowest attention score accumulated with a forgetting factor"
+
+    def __init__(self, *args, forgetting_factor: float = 0.2, **kw):
+        super().__init__(*args, **kw)
+        self.alpha = float(forgetting_factor)
+
+    def accumulate(self, p: Tensor, positions: Tensor) -> None:
+        for t in range(p.shape[2]):
+            self.s.mul_(self.alpha).add_(p[:, :, t])
+
+    def score(self, cur: Tensor) -> Tensor:
+        return self.s

@@ -1,0 +1,64 @@
+import torch
+from torch import Tensor
+
+from caches.region import FAR, RegionCache
+
+
+def uniform(key: Tensor, cur: Tensor, shape) -> Tensor:
+    """Counter-based uniform draws in [0, 1), one per element of `shape`, from (key, cur).
+
+    A splitmix-style integer hash: reproducible under a seed and free of generator state, so a
+    compiled graph (or a CUDA graph) replays it exactly.
+    """
+    n = 1
+    for s in shape:
+        n *= s
+    x = key * 0x9E3779B9 + cur * 0x85EBCA6B + torch.arange(n, device=key.device) * 0xC2B2AE35
+    for mul in (0xBF58476D1CE4E5B9 >> 2, 0x94D049BB133111EB >> 2):
+        x = (x ^ (x >> 31)) * mul
+    x = x ^ (x >> 29)
+    return ((x & 0xFFFFFF).float() / float(1 << 24)).view(shape)
+
+
+class CaMCache(RegionCache):
+    """CaM, cache merging (Zhang et al., 2024): sinks + window; the token i leaving the window is
+    evicted and, with probability clamp(A_i / mean(A_next), 0, 1), V_i / m is added to each of
+    the m following retained values (fewer if fewer follow, dividing by their count).
+
+    State: acc [B, Hkv, C] (A, accumulated attention, this step included). One draw per KV head
+    from a seeded counter-based generator. Option: merge_span m (default 16).
+    """
+    has_middle = False
+    stats = ("acc",)
+    options = {"merge_span": 16}
+    description = "sinks + window; the evicted token's value is merged into the next ones, by chance"
+
+    def __init__(self, *args, merge_span: int = 16, **kw):
+        super().__init__(*args, **kw)
+        self.merge_span = int(merge_span)
+
+    def accumulate(self, p: Tensor, positions: Tensor) -> None:
+        self.acc.add_(p.sum(dim=2))
+
+    def remove(self, victim: Tensor, do: Tensor, cur: Tensor) -> None:
+        B, H, C = self.pos.shape
+        i = victim + self.n_fast
+        pos_i = self.pos.gather(-1, i.unsqueeze(-1))
+        later = self.pos > pos_i
+        m = min(self.merge_span, C)
+        nxt = torch.where(later, self.pos, FAR).topk(m, dim=-1, largest=False).indices  # [B,H,m]
+        follows = later.gather(-1, nxt)
+        count = follows.sum(-1, keepdim=True)
+        a_next = (self.acc.gather(-1, nxt) * follows).sum(-1, keepdim=True) / count.clamp(min=1)
+        a_i = self.acc.gather(-1, i.unsqueeze(-1))
+        prob = torch.where(a_next > 0, (a_i / a_next.clamp(min=1e-30)).clamp(0, 1), 1.0)
+        draw = uniform(self.rng_key, cur, (B, H, 1)) < prob
+        merge = (do.unsqueeze(-1) & draw & (count > 0)).squeeze(-1)
+        share = self.read_v(i) / count.clamp(min=1)  # [B, H, D]
+        # Middle-less: the following tokens all sit in the fast region.
+        D = self.v_fast.shape[-1]
+        idx = nxt.clamp(max=self.n_fast - 1).unsqueeze(-1).expand(B, H, m, D)
+        old = self.v_fast.gather(2, idx)
+        add = (merge.unsqueeze(-1) & follows).unsqueeze(-1)
+        self.v_fast.scatter_(2, idx, torch.where(add, (old.float() + share.unsqueeze(2)).to(old.dtype), old))
+        self.evict(victim, do)

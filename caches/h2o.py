@@ -1,0 +1,20 @@
+import torch
+from torch import Tensor
+
+from caches.region import RegionCache
+
+
+class H2OCache(RegionCache):
+    """H2O, heavy-hitter oracle (Zhang et al., 2023): evict the middle token with the least
+    accumulated attention.
+
+    State: acc [B, Hkv, C], the attention each slot has received, summed over steps.
+    """
+    stats = ("acc",)
+    description = "evict the middle token with the least accumulated attention (heavy hitters)"
+
+    def accumulate(self, p: Tensor, positions: Tensor) -> None:
+        self.acc.add_(p.sum(dim=2))
+
+    def score(self, cur: Tensor) -> Tensor:
+        return self.acc

@@ -1,0 +1,58 @@
+import math
+
+import torch
+from torch import Tensor
+
+from caches.region import RegionCache
+
+
+class LagKVCache(RegionCache):
+    """LagKV (Liang et al., 2025): attention-free. Tokens after the sink are cut into lag
+    partitions of L tokens; once partition j has a complete successor j+1, each of its tokens is
+    scored from the successor's per-channel min/max: normalize K and V by them, take the std over
+    channels, softmax within the partition, score = K part + V part. The top ratio * L tokens per
+    head are kept (they enter the middle when they leave the window); the rest are dropped as
+    they leave; a middle over its share drops its lowest-scored tokens.
+
+    State: lag_score [B, Hkv, C], keep [B, Hkv, C] (1 = selected). Options: lag L (default
+    window // 2), lag_keep_ratio (default 0.5).
+    """
+    stats = ("lag_score", "keep")
+    options = {"lag": None, "lag_keep_ratio": 0.5}
+    description = "attention-free: score lag partitions by their successor's min/max, keep the top"
+
+    def __init__(self, *args, lag=None, lag_keep_ratio: float = 0.5, **kw):
+        super().__init__(*args, **kw)
+        self.lag_len = int(lag) if lag is not None else self.window // 2
+        self.n_keep = max(1, math.ceil(lag_keep_ratio * self.lag_len))
+
+    def before_compress(self, cur: Tensor) -> None:
+        L = self.lag_len
+        done = cur - self.sink + 1  # tokens after the sink, this one included
+        ready = ((done % L) == 0) & (done >= 2 * L)
+        # Partition j ends L tokens before cur; its successor ends at cur.
+        ar = torch.arange(L, device=cur.device)
+        part = self.fast_slot((cur - 2 * L + 1 + ar).clamp(min=self.sink))
+        succ = self.fast_slot((cur - L + 1 + ar).clamp(min=self.sink))
+        score = (self.channel_score(self.k_fast, part, succ)
+                 + self.channel_score(self.v_fast, part, succ))  # [B, H, L]
+        top = score.topk(self.n_keep, dim=-1).indices
+        keep = torch.zeros_like(score).scatter_(-1, top, 1.0)
+        for stat, new in ((self.lag_score, score), (self.keep, keep)):
+            old = stat.index_select(2, part)
+            stat.index_copy_(2, part, torch.where(ready, new, old))
+
+    @staticmethod
+    def channel_score(x: Tensor, part: Tensor, succ: Tensor) -> Tensor:
+        ref = x.index_select(2, succ).float()
+        lo, hi = ref.amin(dim=2, keepdim=True), ref.amax(dim=2, keepdim=True)
+        normed = (x.index_select(2, part).float() - lo) / (hi - lo).clamp(min=1e-6)
+        return torch.softmax(normed.std(dim=-1), dim=-1)
+
+    def score(self, cur: Tensor) -> Tensor:
+        # Unselected tokens score -inf so they go first, and go even when the middle has room.
+        return torch.where(self.keep > 0, self.lag_score, float("-inf"))
+
+    def must_remove(self, valid: Tensor, score: Tensor, victim: Tensor) -> Tensor:
+        dropped = score.gather(-1, victim.unsqueeze(-1)).squeeze(-1) == float("-inf")
+        return (valid.sum(-1) > self.middle) | dropped

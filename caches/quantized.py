@@ -1,0 +1,13 @@
+from caches.region import RegionCache
+
+
+class QuantizedCache(RegionCache):
+    """Selective quantization ("Don't Drop It, Compress It"): nothing is dropped; sink and window
+    stay in the model dtype and every older token is kept in INT8 (per-token, per-head scales).
+
+    The middle holds up to max_seq_length - sink - window - chunk tokens (so that with the staging
+    slots the cache spans max_seq_length); only a stream longer than that
+    loses its oldest middle tokens.
+    """
+    description = "keep everything: sink + window in the model dtype, all older tokens in INT8"
+    always_int8 = True

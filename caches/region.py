@@ -1,0 +1,237 @@
+"""The region cache: sink + middle + window in static buffers, compressed in place.
+
+One layer's cache holds `budget = sink + middle + window` retained tokens plus `chunk` staging
+slots for the tokens being written (use-then-compress: new tokens are attended together with
+everything retained, then the cache compresses back to the budget).
+
+Physical layout (slot order is irrelevant to attention; every decision reads `pos`):
+    fast slots [0, sink + window + chunk)   model dtype: sink slots, then a ring for the window
+    middle slots [0, middle + 1)            model dtype or int8 (+ per-token, per-head scales)
+Index maps and statistics cover the concatenation fast ++ middle ("global" slots, C in all):
+    pos [B, Hkv, C]    absolute position of each slot's token, -1 = empty
+    <stat> [B, Hkv, C] float32 per-slot statistics named by the policy (`stats`)
+
+Every step: write the new token into its ring slot; attend; `observe` the probabilities; then for
+each new token: the token leaving the window moves into a free middle slot (quantized when the
+middle is int8) and, if the middle is over its share, the policy picks a victim per KV head and
+evicts or merges it. No host syncs, no data-dependent shapes: conditions are tensors used in
+`torch.where`, indices are tensors used in gather/scatter.
+
+A policy subclasses RegionCache and overrides a few hooks:
+    accumulate(p, positions)  update statistics from attention p [B, Hkv, T, C]
+    score(cur)                per-slot score [B, Hkv, C]: the middle slot with the lowest goes
+    remove(victim, do, cur)   evict (default) or merge the victim
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from caches.base import KVCache
+from engine.errors import UserError
+from model import KVSegment, apply_rope
+from quantize.kv import dequantize_int8, quantize_int8
+
+FAR = 2**62  # a position later than any real one
+
+
+class RegionCache(KVCache):
+    """Base region cache; as it stands, the middle keeps its oldest tokens out (FIFO)."""
+
+    wants_probs = True   # attention always hands over probabilities; compression happens there
+    stats: tuple = ()    # names of per-slot float32 statistics
+    has_middle = True
+    description = ""
+
+    def __init__(self, batch_size: int, n_kv_heads: int, head_dim: int, max_seq_length: int,
+                 dtype: torch.dtype, rope: Tensor, *, sink: int, window: int, middle: int,
+                 chunk: int = 32, middle_int8: bool = False, positions: str = "original",
+                 layer_id: int = 0, seed: int = 0):
+        super().__init__(rope)
+        B, H, D = batch_size, n_kv_heads, head_dim
+        self.sink, self.window, self.middle, self.chunk = sink, window, middle, chunk
+        self.positions = positions
+        self.n_fast = sink + window + chunk
+        self.n_mid = middle + 1  # one spare slot receives the token leaving the window
+        self.capacity = self.n_fast + self.n_mid
+        self.prefill_chunk = chunk
+        if positions == "cache" and rope.shape[0] < sink + window + middle + chunk:
+            raise UserError(f"--positions cache rotates keys by rank: the RoPE table "
+                            f"(max_seq_length {rope.shape[0]}) must cover the cache's "
+                            f"{sink + window + middle + chunk} slots; raise --max_seq_length")
+        mid_dtype = torch.int8 if middle_int8 else dtype
+        self.middle_int8 = middle_int8
+        buf = self.register_buffer
+        buf("k_fast", torch.zeros(B, H, self.n_fast, D, dtype=dtype), persistent=False)
+        buf("v_fast", torch.zeros(B, H, self.n_fast, D, dtype=dtype), persistent=False)
+        buf("k_mid", torch.zeros(B, H, self.n_mid, D, dtype=mid_dtype), persistent=False)
+        buf("v_mid", torch.zeros(B, H, self.n_mid, D, dtype=mid_dtype), persistent=False)
+        if middle_int8:
+            buf("k_scale", torch.zeros(B, H, self.n_mid, 1), persistent=False)
+            buf("v_scale", torch.zeros(B, H, self.n_mid, 1), persistent=False)
+        buf("pos", torch.full((B, H, self.capacity), -1, dtype=torch.long), persistent=False)
+        for name in self.stats:
+            buf(name, torch.zeros(B, H, self.capacity), persistent=False)
+        buf("last_pos", torch.zeros(1, dtype=torch.long), persistent=False)
+        # Seeds a counter-based random stream (CaM's draws) that a CUDA graph can replay.
+        buf("rng_key", torch.tensor([(seed * 1_000_003 + layer_id) * 2_654_435_761 % 2**61]),
+            persistent=False)
+
+    # ---- slots -------------------------------------------------------------------------------
+    def fast_slot(self, positions: Tensor) -> Tensor:
+        """Sink positions keep their own slot; later ones go round the ring."""
+        ring = self.sink + (positions - self.sink) % (self.window + self.chunk)
+        return torch.where(positions < self.sink, positions, ring)
+
+    def gather_slots(self, x: Tensor, slots: Tensor) -> Tensor:
+        """x [B, H, C], slots [B, H, ...] -> x at those slots, per head."""
+        return x.gather(-1, slots.flatten(2)).view(slots.shape)
+
+    def read_v(self, g: Tensor) -> Tensor:
+        """Values at global slots g [B, H] -> [B, H, D] float32, from whichever region."""
+        D = self.v_fast.shape[-1]
+        f = g.clamp(max=self.n_fast - 1).unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, D)
+        m = (g - self.n_fast).clamp(min=0).unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, D)
+        fast = self.v_fast.gather(2, f).float()
+        mid = self.v_mid.gather(2, m)
+        mid = dequantize_int8(mid, self.v_scale.gather(2, m[..., :1])) if self.middle_int8 \
+            else mid.float()
+        return torch.where((g < self.n_fast).unsqueeze(-1).unsqueeze(-1), fast, mid).squeeze(2)
+
+    def write_v(self, g: Tensor, value: Tensor, do: Tensor) -> None:
+        """Write value [B, H, D] at global slots g [B, H] where do [B, H]."""
+        D = self.v_fast.shape[-1]
+        is_fast = (g < self.n_fast).unsqueeze(-1).unsqueeze(-1)
+        do = do.unsqueeze(-1).unsqueeze(-1)
+        value = value.unsqueeze(2)
+        f = g.clamp(max=self.n_fast - 1).unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, D)
+        old = self.v_fast.gather(2, f)
+        self.v_fast.scatter_(2, f, torch.where(do & is_fast, value.to(old.dtype), old))
+        m = (g - self.n_fast).clamp(min=0).unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, D)
+        old = self.v_mid.gather(2, m)
+        keep = do & ~is_fast
+        if self.middle_int8:
+            q, s = quantize_int8(value)
+            self.v_mid.scatter_(2, m, torch.where(keep, q, old))
+            old_s = self.v_scale.gather(2, m[..., :1])
+            self.v_scale.scatter_(2, m[..., :1], torch.where(keep, s, old_s))
+        else:
+            self.v_mid.scatter_(2, m, torch.where(keep, value.to(old.dtype), old))
+
+    # ---- the interface -----------------------------------------------------------------------
+    def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor):
+        B, H, T, D = k.shape
+        slots = self.fast_slot(input_pos)
+        if self.positions == "original":
+            q, k = self.rotate(q, input_pos), self.rotate(k, input_pos)
+        self.k_fast.index_copy_(2, slots, k)
+        self.v_fast.index_copy_(2, slots, v)
+        self.pos.index_copy_(2, slots, input_pos.view(1, 1, T).expand(B, H, T).contiguous())
+        for name in self.stats:  # a new token starts from zero statistics
+            getattr(self, name).index_fill_(2, slots, 0.0)
+        self.last_pos.copy_(input_pos[-1:])
+        pos = self.pos.unsqueeze(-2)
+        mask = (pos >= 0) & (pos <= input_pos.view(-1, 1))
+
+        k_fast, k_mid = self.k_fast, self.k_mid
+        k_scale = self.k_scale if self.middle_int8 else None
+        v_scale = self.v_scale if self.middle_int8 else None
+        if self.positions == "cache":
+            # StreamingLLM's pos-shift: keys are stored un-rotated and rotated by their rank
+            # among the retained tokens; the query takes its own rank (the newest).
+            rank = self.ranks()
+            q_rank = rank[..., :self.n_fast].index_select(2, slots)  # [B, H, T]
+            G = q.shape[1] // H
+            q = apply_rope(q.view(B, H, G, T, D), self.rope[q_rank].unsqueeze(2)).view(q.shape)
+            k_fast = apply_rope(k_fast, self.rope[rank[..., :self.n_fast]])
+            if self.middle_int8:
+                k_mid, k_scale = dequantize_int8(k_mid, k_scale), None
+            k_mid = apply_rope(k_mid, self.rope[rank[..., self.n_fast:]]).to(k_fast.dtype)
+        segments = [KVSegment(k_fast, self.v_fast), KVSegment(k_mid, self.v_mid, k_scale, v_scale)]
+        return q, segments, mask
+
+    def ranks(self) -> Tensor:
+        """Rank of every slot's position among the retained tokens (empty slots rank last)."""
+        key = torch.where(self.pos >= 0, self.pos, FAR)
+        order = key.argsort(dim=-1)
+        ar = torch.arange(self.capacity, device=key.device).expand_as(order)
+        # Empty slots are masked; clamping keeps their (unused) rotation inside the table.
+        return torch.empty_like(order).scatter_(-1, order, ar).clamp(max=self.rope.shape[0] - 1)
+
+    def observe(self, probs: Tensor) -> None:
+        T = probs.shape[3]
+        first = self.last_pos - (T - 1)
+        positions = first + torch.arange(T, device=first.device)
+        # A KV head's attention is the mean over the query heads of its group.
+        self.accumulate(probs.mean(dim=2), positions)
+        for i in range(T):
+            self.compress_step(positions[i:i + 1])
+
+    def reset(self) -> None:
+        for name, b in self.named_buffers():
+            if name not in ("rope", "rng_key"):
+                b.fill_(-1 if name == "pos" else 0)
+
+    # ---- compression -------------------------------------------------------------------------
+    def compress_step(self, cur: Tensor) -> None:
+        """After the token at position cur [1] was attended: age the window, shrink the middle."""
+        self.before_compress(cur)
+        leaving = cur - self.window
+        moving = leaving >= self.sink
+        ring = self.fast_slot(leaving.clamp(min=self.sink))
+        spare = (self.pos[..., self.n_fast:] < 0).int().argmax(dim=-1)  # [B, H] a free slot
+        self.move_to_middle(ring, spare, moving)
+        valid = self.pos[..., self.n_fast:] >= 0
+        score = torch.where(valid, self.score(cur)[..., self.n_fast:], float("inf"))
+        victim = argmin_oldest(score, self.pos[..., self.n_fast:])
+        do = self.must_remove(valid, score, victim)
+        self.remove(victim, do, cur)
+
+    def move_to_middle(self, ring: Tensor, spare: Tensor, moving: Tensor) -> None:
+        """The token in fast slot `ring` [1] moves into middle slot `spare` [B, H] if moving."""
+        B, H, _, D = self.k_fast.shape
+        idx = spare.view(B, H, 1, 1).expand(B, H, 1, D)
+        k, v = self.k_fast.index_select(2, ring), self.v_fast.index_select(2, ring)
+        # The spare slot is empty: writing it unconditionally is harmless when nothing moves.
+        if self.middle_int8:
+            (kq, ks), (vq, vs) = quantize_int8(k), quantize_int8(v)
+            self.k_mid.scatter_(2, idx, kq)
+            self.v_mid.scatter_(2, idx, vq)
+            self.k_scale.scatter_(2, idx[..., :1], ks)
+            self.v_scale.scatter_(2, idx[..., :1], vs)
+        else:
+            self.k_mid.scatter_(2, idx, k)
+            self.v_mid.scatter_(2, idx, v)
+        g = (spare + self.n_fast).unsqueeze(-1)
+        p = self.pos.index_select(2, ring)
+        self.pos.scatter_(2, g, torch.where(moving, p, -1))
+        self.pos.index_copy_(2, ring, torch.where(moving, -1, p))
+        for name in self.stats:
+            stat = getattr(self, name)
+            stat.scatter_(2, g, stat.index_select(2, ring))
+
+    def must_remove(self, valid: Tensor, score: Tensor, victim: Tensor) -> Tensor:
+        return valid.sum(-1) > self.middle
+
+    def evict(self, victim: Tensor, do: Tensor) -> None:
+        g = (victim + self.n_fast).unsqueeze(-1)
+        self.pos.scatter_(2, g, torch.where(do.unsqueeze(-1), -1, self.pos.gather(2, g)))
+
+    # ---- policy hooks ------------------------------------------------------------------------
+    def before_compress(self, cur: Tensor) -> None:
+        pass
+
+    def accumulate(self, p: Tensor, positions: Tensor) -> None:
+        pass
+
+    def score(self, cur: Tensor) -> Tensor:
+        return self.pos.float()  # oldest first
+
+    def remove(self, victim: Tensor, do: Tensor, cur: Tensor) -> None:
+        self.evict(victim, do)
+
+
+def argmin_oldest(score: Tensor, pos: Tensor) -> Tensor:
+    """argmin over the last axis; ties go to the oldest position."""
+    best = score.min(dim=-1, keepdim=True).values
+    return torch.where(score == best, pos, FAR).argmin(dim=-1)

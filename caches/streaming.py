@@ -1,0 +1,11 @@
+from caches.region import RegionCache
+
+
+class StreamingCache(RegionCache):
+    """StreamingLLM (Xiao et al., 2023): attention sinks + a sliding window.
+
+    The middle has no share: the token leaving the window is evicted at once. State: the region
+    buffers only, no statistics.
+    """
+    has_middle = False
+    description = "attention sinks + sliding window; the token leaving the window is dropped"

@@ -1,0 +1,20 @@
+from torch import Tensor
+
+from caches.region import RegionCache
+
+
+class TOVACache(RegionCache):
+    """TOVA, token omission via attention (Oren et al., 2024): evict the middle token with the
+    lowest attention at this step, averaged over all heads of the layer, so every head drops the
+    same token.
+
+    State: last [B, Hkv, C], this step's head-averaged attention (equal across heads).
+    """
+    stats = ("last",)
+    description = "evict the middle token least attended at this step, averaged over all heads"
+
+    def accumulate(self, p: Tensor, positions: Tensor) -> None:
+        self.last.copy_(p[:, :, -1].mean(dim=1, keepdim=True).expand_as(self.last))
+
+    def score(self, cur: Tensor) -> Tensor:
+        return self.last

@@ -1,0 +1,376 @@
+"""The region cache and every policy, on tiny random models and hand-worked examples."""
+import math
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
+
+from caches import POLICIES, FullCache, make_cache_factory
+from caches.cam import CaMCache
+from caches.h2o import H2OCache
+from caches.lagkv import LagKVCache
+from caches.tova import TOVACache
+from caches.a2sf import A2SFCache
+from caches.weightedkv import WeightedKVCache
+from conftest import tiny_model
+from engine.errors import UserError
+from engine.generation import Generator, decode_one_token
+from model import rope_table
+from quantize.kv import dequantize_int8, quantize_int8
+
+COMPRESSING = [p for p in POLICIES if p != "full"]
+BUDGET = 16
+
+
+def variants():
+    for name in COMPRESSING:
+        middles = ["model", "int8"] if POLICIES[name].has_middle else ["model"]
+        for middle in middles:
+            for positions in ("original", "cache"):
+                for batch in (1, 2):
+                    yield name, middle, positions, batch
+
+
+def stream_logits(model, ids, make_cache, max_seq_length=256):
+    """Feed ids [B, T] one token at a time through the decode path; logits [B, T, V]."""
+    B, T = ids.shape
+    model.setup_caches(B, max_seq_length, make_cache)
+    return torch.cat([model(ids[:, t:t + 1], torch.tensor([t])) for t in range(T)], dim=1)
+
+
+@pytest.mark.parametrize("name,middle,positions,batch", list(variants()))
+def test_policy_matrix_runs_long_in_constant_memory(name, middle, positions, batch):
+    model = tiny_model()
+    factory = make_cache_factory(name, cache_size=BUDGET, kv_middle=middle, positions=positions,
+                                 chunk=8)
+    gen = Generator(model, max_seq_length=128, batch_size=batch, make_cache=factory)
+    before = gen.cache_bytes
+    caches = model.caches()
+    prompt = [[(7 * i + 3 * b) % 256 for i in range(21)] for b in range(batch)]
+    n_new = 4 * BUDGET + 10  # well past the budget: fill, then evict for many steps
+    with torch.inference_mode():
+        # sample so that the two sequences of a batch diverge and keep their own index maps
+        out = gen.generate(prompt, n_new, temperature=1.0)
+        logits = model(torch.tensor([[5] * batch]).T, torch.tensor([21 + n_new]))
+    assert out.new_tokens == n_new
+    assert gen.cache_bytes == before
+    assert torch.isfinite(logits).all()
+    retained = (caches[0].pos >= 0).sum(-1)
+    if name == "quantized":
+        assert (retained == 21 + n_new).all()  # nothing dropped (94 fed + the extra token)
+    elif name == "lagkv":
+        assert (retained <= BUDGET).all()
+    else:
+        assert (retained == BUDGET).all()
+    for cache in caches:  # buffers hold their static shape; nothing allocated on the way
+        assert cache.k_fast.shape[2] + cache.k_mid.shape[2] == cache.capacity
+
+
+@pytest.mark.parametrize("name", COMPRESSING)
+def test_compiled_decode_never_recompiles(name):
+    torch._dynamo.reset()
+    model = tiny_model()
+    factory = make_cache_factory(name, cache_size=BUDGET, chunk=8,
+                                 kv_middle="int8" if POLICIES[name].has_middle else "model")
+    gen = Generator(model, max_seq_length=256, make_cache=factory)
+    expected = gen.generate(list(range(1, 12)), 70).new_ids[0]
+    counter = CompileCounter()
+    gen.decode_fn = torch.compile(decode_one_token, backend=counter, fullgraph=True)
+    assert gen.generate(list(range(1, 12)), 70).new_ids[0] == expected
+    assert counter.frame_count == 1  # fill phase and eviction phase share one graph
+
+
+@pytest.mark.parametrize("name", ["weightedkv", "cam"])
+def test_inductor_compiled_policy_matches_eager(name):
+    torch._dynamo.reset()
+    model = tiny_model()
+    factory = make_cache_factory(name, cache_size=BUDGET, chunk=8)
+    gen = Generator(model, max_seq_length=256, make_cache=factory)
+    expected = gen.generate(list(range(1, 12)), 50).new_ids[0]
+    counter = CompileCounterWithBackend("inductor")
+    gen.decode_fn = torch.compile(decode_one_token, backend=counter, fullgraph=True)
+    assert gen.generate(list(range(1, 12)), 50).new_ids[0] == expected
+    assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("name", COMPRESSING)
+@pytest.mark.parametrize("positions", ["original", "cache"])
+def test_budget_above_sequence_length_equals_full(name, positions):
+    model = tiny_model()
+    ids = torch.randint(0, 256, (2, 40))
+    ref = stream_logits(model, ids, FullCache)
+    factory = make_cache_factory(name, cache_size=96, positions=positions, chunk=8)
+    assert (stream_logits(model, ids, factory) - ref).abs().max() < 1e-4
+
+
+def test_chunked_prefill_without_eviction_equals_full():
+    model = tiny_model()
+    ids = torch.randint(0, 256, (1, 45))
+    ref = Generator(model, 128).generate(ids[0].tolist(), 10).new_ids
+    gen = Generator(model, 128, make_cache=make_cache_factory("h2o", cache_size=96, chunk=8))
+    assert gen.generate(ids[0].tolist(), 10).new_ids == ref
+
+
+class WindowedFullCache(FullCache):
+    """Reference for streaming: keep everything, attend to the sink and the last window only."""
+    sink, window = 4, 12
+
+    def update(self, input_pos, q, k, v):
+        q, segments, mask = super().update(input_pos, q, k, v)
+        pos = self.pos.unsqueeze(-2)
+        cur = input_pos.view(-1, 1)
+        return q, segments, mask & ((pos < self.sink) | (pos >= cur - self.window))
+
+
+def test_streaming_matches_sink_plus_window_reference():
+    model = tiny_model()
+    ids = torch.randint(0, 256, (2, 60))
+    ref = stream_logits(model, ids, WindowedFullCache)
+    # budget 16 = sink 4 + window 12; the new token is attended with them (use-then-compress)
+    ours = stream_logits(model, ids, make_cache_factory("streaming", cache_size=16, chunk=8))
+    assert (ours - ref).abs().max() < 1e-4
+    full = stream_logits(model, ids, FullCache)
+    assert (ours - full)[:, 20:].abs().max() > 1e-2  # and it really drops tokens
+
+
+class FakeQuantFullCache(FullCache):
+    """Reference for quantized: everything kept; tokens older than sink + window are attended
+    through an int8 quantize-dequantize round trip."""
+    sink, window = 4, 4
+
+    def update(self, input_pos, q, k, v):
+        q, segments, mask = super().update(input_pos, q, k, v)
+        k_all, v_all = segments[0].k, segments[0].v
+        pos = self.pos.view(-1, 1)
+        cur = input_pos[-1]
+        middle = (pos >= self.sink) & (pos <= cur - self.window)
+        fq = lambda x: dequantize_int8(*quantize_int8(x)).to(x.dtype)  # noqa: E731
+        k_ref = torch.where(middle, fq(k_all), k_all)
+        v_ref = torch.where(middle, fq(v_all), v_all)
+        from model import KVSegment
+        return q, [KVSegment(k_ref, v_ref)], mask
+
+
+def test_quantized_matches_fake_quant_reference():
+    model = tiny_model()
+    ids = torch.randint(0, 256, (2, 50))
+    ref = stream_logits(model, ids, FakeQuantFullCache)
+    factory = make_cache_factory("quantized", cache_size=16, sink=4, window=4, chunk=8)
+    ours = stream_logits(model, ids, factory)
+    assert (ours - ref).abs().max() < 1e-4
+    full = stream_logits(model, ids, FullCache)
+    assert (ours - full).abs().max() > 1e-4  # int8 does change the numbers
+
+
+def test_quantized_cache_bytes_about_half_of_full_in_bf16():
+    model = tiny_model().to(torch.bfloat16)
+    full = Generator(model, 1024).cache_bytes
+    quant = Generator(model, 1024, make_cache=make_cache_factory("quantized")).cache_bytes
+    assert 0.5 < quant / full < 0.75  # int8 + per-token scales and index maps
+    h2o_small = Generator(model, 1024, make_cache=make_cache_factory("h2o", cache_size=64))
+    h2o_large = Generator(model, 8192, make_cache=make_cache_factory("h2o", cache_size=64))
+    assert h2o_small.cache_bytes == h2o_large.cache_bytes  # budget, not sequence length
+
+
+# ---- hand-worked examples: one cache, K/V and attention fed by hand --------------------------
+
+def standalone(cls, sink, window, middle, D=4, B=1, H=1, **kw):
+    rope = rope_table(64, D, 10000.0, None)
+    return cls(B, H, D, 64, torch.float32, rope, sink=sink, window=window, middle=middle,
+               chunk=1, **kw)
+
+
+def step(cache, t, value, probs):
+    """Write token t (key = value = `value`), then hand the cache attention `probs` over its
+    slots, given by position: {pos: p}."""
+    x = torch.full((1, 1, 1, cache.k_fast.shape[-1]), float(value))
+    cache.update(torch.tensor([t]), x.repeat(1, 1, 1, 1), x, x)
+    p = torch.zeros(1, 1, 1, 1, cache.capacity)
+    for slot, pos in enumerate(cache.pos[0, 0].tolist()):
+        if pos in probs:
+            p[..., slot] = probs[pos]
+    cache.observe(p)
+
+
+def value_at(cache, position):
+    slot = cache.pos[0, 0].tolist().index(position)
+    if slot < cache.n_fast:
+        return cache.v_fast[0, 0, slot]
+    v = cache.v_mid[0, 0, slot - cache.n_fast]
+    return v.float() if not cache.middle_int8 else v.float() * cache.v_scale[0, 0, slot - cache.n_fast]
+
+
+def test_weightedkv_paper_toy_example():
+    """WeightedKV Fig. 3: a cache of 4 (sink 1, middle 1, window 2) over tokens 1..5 (positions
+    0..4). At step 5 token 2 has the lowest average attention: its key goes, and v3 becomes
+    (s2 v2 + s3 v3) / (s2 + s3) = v2/6 + 5 v3/6 with s2 : s3 = 1 : 5."""
+    cache = standalone(WeightedKVCache, sink=1, window=2, middle=1)
+    v = {0: 1.0, 1: 6.0, 2: 12.0, 3: 3.0, 4: 5.0}
+    # a2 = 0.4 over n2 = 4 steps (s2 = 0.1); a3 = 1.5 over n3 = 3 steps (s3 = 0.5)
+    attention = [{0: 1.0}, {0: 0.8, 1: 0.2}, {0: 0.5, 1: 0.1, 2: 0.4},
+                 {0: 0.4, 1: 0.05, 2: 0.55, 3: 0.0}, {0: 0.3, 1: 0.05, 2: 0.55, 3: 0.05, 4: 0.05}]
+    for t in range(5):
+        step(cache, t, v[t], attention[t])
+    retained = sorted(p for p in cache.pos[0, 0].tolist() if p >= 0)
+    assert retained == [0, 2, 3, 4]  # k2 (position 1) removed
+    merged = value_at(cache, 2)
+    assert torch.allclose(merged, torch.full_like(merged, v[1] / 6 + 5 * v[2] / 6))
+    # the ablation drops v2 instead
+    evict = standalone(POLICIES["weightedkv-evict"], sink=1, window=2, middle=1)
+    for t in range(5):
+        step(evict, t, v[t], attention[t])
+    assert torch.allclose(value_at(evict, 2), torch.full((4,), v[2]))
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_weightedkv_merges_into_the_oldest_window_token(int8):
+    cache = standalone(WeightedKVCache, sink=1, window=2, middle=1, middle_int8=int8)
+    # position 2 (middle) gets more attention than position 1, so 1 goes into 2; then at the
+    # next step the middle {2} plus leaving 3: 2 is weaker -> merges into 3, which is in the
+    # middle; its right neighbour for the next merge is the oldest window token.
+    attention = [{0: 1.0}, {0: 0.5, 1: 0.5}, {0: 0.2, 1: 0.1, 2: 0.7},
+                 {0: 0.2, 1: 0.1, 2: 0.6, 3: 0.1}, {0: 0.2, 1: 0.1, 2: 0.6, 3: 0.05, 4: 0.05},
+                 {0: 0.2, 2: 0.1, 3: 0.05, 4: 0.6, 5: 0.05}]
+    for t, probs in enumerate(attention):
+        step(cache, t, 2.0 * t + 1, probs)
+    retained = sorted(p for p in cache.pos[0, 0].tolist() if p >= 0)
+    assert retained == [0, 3, 4, 5]
+    assert torch.isfinite(value_at(cache, 3)).all()
+
+
+def test_h2o_tova_a2sf_pick_the_victims_their_scores_imply():
+    # Accumulated attention: position 1 got 0.9 long ago, position 2 gets a little every step.
+    history = [{0: 1.0}, {0: 0.1, 1: 0.9}, {0: 0.6, 1: 0.0, 2: 0.4},
+               {0: 0.6, 1: 0.0, 2: 0.3, 3: 0.1}, {0: 0.5, 1: 0.0, 2: 0.3, 3: 0.1, 4: 0.1}]
+    expected = {H2OCache: 2,    # acc: pos1 0.9, pos2 1.0 -> evict 1? no: see below
+                TOVACache: 1,   # this step: pos1 0.0 < pos2 0.3
+                A2SFCache: 1}   # s = alpha s + a: pos1 decays to 0.9 * 0.2^3 ~ 0.007
+    for cls in (H2OCache, TOVACache, A2SFCache):
+        cache = standalone(cls, sink=1, window=2, middle=1)
+        for t, probs in enumerate(history):
+            step(cache, t, t, probs)
+        gone = {0, 1, 2, 3, 4} - {p for p in cache.pos[0, 0].tolist() if p >= 0}
+        victim = 1 if cls is not H2OCache else (1 if 0.9 < 1.0 else 2)
+        assert gone == {victim}, cls.__name__
+    assert expected[TOVACache] == 1
+
+
+def test_h2o_victim_follows_accumulated_attention():
+    history = [{0: 1.0}, {0: 0.0, 1: 1.0}, {0: 0.5, 1: 0.3, 2: 0.2},
+               {0: 0.5, 1: 0.0, 2: 0.2, 3: 0.3}, {0: 0.5, 1: 0.0, 2: 0.1, 3: 0.2, 4: 0.2}]
+    cache = standalone(H2OCache, sink=1, window=2, middle=1)
+    for t, probs in enumerate(history):
+        step(cache, t, t, probs)
+    # acc: position 1 = 1.3, position 2 = 0.5 -> the heavy hitter stays, 2 goes
+    assert {p for p in cache.pos[0, 0].tolist() if p >= 0} == {0, 1, 3, 4}
+
+
+def test_argmin_ties_go_to_the_oldest():
+    history = [{0: 1.0}, {0: 1.0}, {0: 1.0}, {0: 1.0}, {0: 1.0}]  # everyone else scores 0
+    cache = standalone(H2OCache, sink=1, window=2, middle=1)
+    for t, probs in enumerate(history):
+        step(cache, t, t, probs)
+    assert {p for p in cache.pos[0, 0].tolist() if p >= 0} == {0, 2, 3, 4}
+
+
+def test_tova_drops_the_same_token_in_every_head():
+    cache = standalone(TOVACache, sink=1, window=2, middle=1, H=2)
+    x = torch.zeros(1, 2, 1, 4)
+    for t in range(5):
+        cache.update(torch.tensor([t]), torch.zeros(1, 2, 1, 4), x, x)
+        p = torch.zeros(1, 2, 1, 1, cache.capacity)
+        p[0, 0, 0, 0, :t + 1] = torch.linspace(0, 1, t + 1)   # head 0 prefers late tokens
+        p[0, 1, 0, 0, :t + 1] = torch.linspace(1, 0, t + 1)   # head 1 prefers early ones
+        p = p / p.sum(-1, keepdim=True).clamp(min=1e-9)
+        cache.observe(p)
+    kept = [sorted(q for q in cache.pos[0, h].tolist() if q >= 0) for h in range(2)]
+    assert kept[0] == kept[1]
+
+
+def test_cam_merge_is_reproducible_under_a_seed_and_merges_v_over_m():
+    def run(seed):
+        cache = standalone(CaMCache, sink=1, window=3, middle=0, merge_span=2, seed=seed, H=4)
+        for t in range(12):
+            x = torch.full((1, 4, 1, 4), float(t + 1))
+            cache.update(torch.tensor([t]), x, x, x)
+            p = torch.zeros(1, 4, 1, 1, cache.capacity)
+            valid = cache.pos[0, 0] >= 0
+            p[..., valid] = 1.0 / valid.sum()
+            cache.observe(p)
+        return cache.v_fast.clone(), cache.pos.clone()
+
+    a, b = run(seed=3), run(seed=3)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    runs = [run(seed=s)[0] for s in range(6)]
+    assert any(not torch.equal(runs[0], r) for r in runs[1:])  # the draws do depend on the seed
+
+
+def test_cam_merge_arithmetic_when_the_draw_succeeds():
+    # Uniform attention makes A_i >= mean(A_next) for the oldest token: probability 1.
+    cache = standalone(CaMCache, sink=1, window=3, middle=0, merge_span=2)
+    vals = {}
+    for t in range(5):
+        x = torch.full((1, 1, 1, 4), float(10 * (t + 1)))
+        vals[t] = 10.0 * (t + 1)
+        cache.update(torch.tensor([t]), x, x, x)
+        p = torch.zeros(1, 1, 1, 1, cache.capacity)
+        valid = cache.pos[0, 0] >= 0
+        p[..., valid] = 1.0 / valid.sum()
+        cache.observe(p)
+    # step 4: position 1 leaves the window (window = {2, 3, 4}); V_1 / 2 goes to 2 and 3
+    assert 1 not in cache.pos[0, 0].tolist()
+    assert torch.allclose(value_at(cache, 2), torch.full((4,), vals[2] + vals[1] / 2))
+    assert torch.allclose(value_at(cache, 3), torch.full((4,), vals[3] + vals[1] / 2))
+    assert torch.allclose(value_at(cache, 4), torch.full((4,), vals[4]))
+
+
+def test_lagkv_selection_matches_the_formula():
+    torch.manual_seed(0)
+    L, sink, D, H = 4, 2, 8, 2
+    cache = standalone(LagKVCache, sink=sink, window=2 * L, middle=6, D=D, H=H, lag=L,
+                       lag_keep_ratio=0.5, positions="cache")
+    ks, vs = torch.randn(1, H, 20, D), torch.randn(1, H, 20, D)
+    n = sink + 2 * L  # partition 0 = positions [2, 6), successor [6, 10): scored at step 9
+    for t in range(n):
+        cache.update(torch.tensor([t]), torch.zeros(1, H, 1, D), ks[:, :, t:t + 1], vs[:, :, t:t + 1])
+        cache.observe(torch.zeros(1, H, 1, 1, cache.capacity))
+
+    def direct(x):
+        part, succ = x[0, :, sink:sink + L], x[0, :, sink + L:sink + 2 * L]
+        lo, hi = succ.min(dim=1, keepdim=True).values, succ.max(dim=1, keepdim=True).values
+        return torch.softmax(((part - lo) / (hi - lo)).std(dim=-1), dim=-1)
+
+    expected = direct(ks) + direct(vs)  # [H, L]
+    slots = [cache.pos[0, 0].tolist().index(p) for p in range(sink, sink + L)]
+    got = cache.lag_score[0][:, slots]
+    assert torch.allclose(got, expected, atol=1e-5)
+    keep = cache.keep[0][:, slots]
+    top = expected.topk(2, dim=-1).indices
+    assert torch.equal(keep, torch.zeros(H, L).scatter_(1, top, 1.0))
+    # as partition 0 leaves the window, only its selected tokens enter the middle
+    for t in range(n, n + L):
+        cache.update(torch.tensor([t]), torch.zeros(1, H, 1, D), ks[:, :, t:t + 1], vs[:, :, t:t + 1])
+        cache.observe(torch.zeros(1, H, 1, 1, cache.capacity))
+    for h in range(H):
+        kept = {p for p in cache.pos[0, h].tolist() if sink <= p < sink + L}
+        assert kept == {sink + i for i in top[h].tolist()}
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(name="h2o", cache_size=8), "cache_size"),            # sink 4 + window 0
+    (dict(name="weightedkv", cache_size=16, window=12), "no middle"),
+    (dict(name="streaming", kv_middle="int8"), "middle"),
+    (dict(name="cam", kv_middle="int8"), "middle"),
+    (dict(name="h2o", window=0), "window"),
+    (dict(name="h2o", lag=4), "no option --lag"),
+    (dict(name="nope"), "unknown cache policy"),
+    (dict(name="lagkv", lag=1000), "--lag"),
+])
+def test_bad_cache_configurations_are_one_line_errors(kwargs, needle):
+    name = kwargs.pop("name")
+    with pytest.raises(UserError) as e:
+        make_cache_factory(name, **kwargs)
+    assert needle in str(e.value) and "\n" not in str(e.value)
