@@ -8,7 +8,7 @@ Physical layout (slot order is irrelevant to attention; every decision reads `po
     fast slots [0, sink + window + chunk)   model dtype: sink slots, then a ring for the window
     middle slots [0, middle + 1)            model dtype or int8 (+ per-token, per-head scales)
 Index maps and statistics cover the concatenation fast ++ middle ("global" slots, C in all):
-    pos [B, Hkv, C]    absolute position of each slot's token, -1 = empty
+    pos [B, Hkv, C]    int32 absolute position of each slot's token, -1 = empty
     <stat> [B, Hkv, C] float32 per-slot statistics named by the policy (`stats`)
 
 Every step: write the new token into its ring slot; attend; `observe` the probabilities; then for
@@ -32,7 +32,7 @@ from engine.errors import UserError
 from model import KVSegment, apply_rope
 from quantize.kv import dequantize_int8, quantize_int8
 
-FAR = 2**62  # a position later than any real one
+FAR = 2**31 - 1  # a position later than any real one (positions are int32)
 
 
 class RegionCache(KVCache):
@@ -69,7 +69,7 @@ class RegionCache(KVCache):
         if middle_int8:
             buf("k_scale", torch.zeros(B, H, self.n_mid, 1), persistent=False)
             buf("v_scale", torch.zeros(B, H, self.n_mid, 1), persistent=False)
-        buf("pos", torch.full((B, H, self.capacity), -1, dtype=torch.long), persistent=False)
+        buf("pos", torch.full((B, H, self.capacity), -1, dtype=torch.int32), persistent=False)
         for name in self.stats:
             buf(name, torch.zeros(B, H, self.capacity), persistent=False)
         buf("last_pos", torch.zeros(1, dtype=torch.long), persistent=False)
@@ -126,7 +126,7 @@ class RegionCache(KVCache):
             q, k = self.rotate(q, input_pos), self.rotate(k, input_pos)
         self.k_fast.index_copy_(2, slots, k)
         self.v_fast.index_copy_(2, slots, v)
-        self.pos.index_copy_(2, slots, input_pos.view(1, 1, T).expand(B, H, T).contiguous())
+        self.pos.index_copy_(2, slots, input_pos.view(1, 1, T).expand(B, H, T).to(torch.int32))
         for name in self.stats:  # a new token starts from zero statistics
             getattr(self, name).index_fill_(2, slots, 0.0)
         self.last_pos.copy_(input_pos[-1:])
