@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from caches import POLICIES, make_cache_factory
-from engine.cli import DTYPES, Parser, positive_int, resolve_device, resolve_dtype, run
+from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args,
+                        list_caches, positive_int, resolve_device, resolve_dtype, run)
 from engine.errors import UserError
 
 
@@ -23,10 +23,11 @@ def build_parser() -> Parser:
     ppl = sub.add_parser("ppl", help="streaming perplexity of a text file")
     ppl.error = p.error  # one-line errors for the subcommand too
     ppl.add_argument("--checkpoint_path", default=None)
-    ppl.add_argument("--text_file", required=True, help="UTF-8 text to score")
+    ppl.add_argument("--text_file", default=None, help="UTF-8 text to score")
     ppl.add_argument("--max_tokens", type=positive_int, default=None,
                      help="score the first N tokens of the file (N - 1 predictions)")
-    ppl.add_argument("--cache", choices=list(POLICIES), default="full")
+    add_cache_arguments(ppl)
+    ppl.add_argument("--seed", type=int, default=0, help="seeds CaM's random merges")
     ppl.add_argument("--dtype", choices=list(DTYPES), default=None)
     ppl.add_argument("--device", default=None)
     ppl.add_argument("--compile", action="store_true")
@@ -55,6 +56,12 @@ def ppl_main(args) -> None:
     from engine.evaluation import score_step, streaming_perplexity
     from engine.tokenizer import load_tokenizer
 
+    if args.list_caches:
+        print(list_caches())
+        return
+    if args.text_file is None:
+        raise UserError("pass --text_file FILE (e.g. a corpus from scripts/prepare_corpora.py)")
+    make_cache = cache_factory_from_args(args, seed=args.seed)
     text = read_text(args.text_file)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
@@ -68,11 +75,12 @@ def ppl_main(args) -> None:
         ids = ids[: args.max_tokens]
     model = load_model(ckpt, device=device, dtype=dtype)
     context = model.args.max_position_embeddings
-    if len(ids) > context and args.cache == "full":
-        raise UserError(f"{len(ids)} tokens exceed the model's context of {context} with the full "
-                        f"cache; pass --max_tokens {context} or less")
+    if len(ids) > context and (args.cache == "full" or args.positions == "original"):
+        raise UserError(f"{len(ids)} tokens exceed the model's context of {context}; pass "
+                        f"--max_tokens {context} or less, or --positions cache with a "
+                        f"compressing --cache")
     with torch.device(device):
-        model.setup_caches(1, len(ids), make_cache_factory(args.cache))
+        model.setup_caches(1, max(len(ids), args.cache_size + 2 * 64 + 1), make_cache)
     step = torch.compile(score_step, fullgraph=True) if args.compile else score_step
 
     bar = tqdm(total=len(ids) - 1, unit="tok", disable=args.json or not sys.stderr.isatty())

@@ -128,6 +128,13 @@ def main(argv=None) -> None:
     if not args.json:
         print(f"loaded {ckpt} in {load_s:.1f} s ({device}, {str(dtype).removeprefix('torch.')}, "
               f"cache {args.cache})", file=sys.stderr)
+    compile_s = None
+    if args.compile:
+        if not args.json:
+            print("compiling the decode step...", file=sys.stderr)
+        compile_s = gen.warmup(args.temperature, args.top_k)
+        if not args.json:
+            print(f"compiled in {compile_s:.1f} s", file=sys.stderr)
 
     samples = []
     for i in range(args.num_samples):
@@ -152,7 +159,7 @@ def main(argv=None) -> None:
 
     memory = {"cache_bytes": gen.cache_bytes, "peak_memory_bytes": peak_memory_bytes(device)}
     if args.json:
-        result = dict(samples[0], **memory, cache=args.cache, device=str(device),
+        result = dict(samples[0], **memory, cache=args.cache, device=str(device), compile_s=compile_s,
                       dtype=str(dtype).removeprefix("torch."), max_seq_length=max_seq_length)
         if args.num_samples > 1:
             result["samples"] = samples

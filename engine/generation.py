@@ -91,6 +91,19 @@ class Generator:
         if compile_prefill:
             self.prefill_fn = torch.compile(prefill, fullgraph=True, dynamic=False)
 
+    @torch.inference_mode()
+    def warmup(self, temperature: float = 0.0, top_k: Optional[int] = None) -> float:
+        """Compile (or just run) the decode step once, so timings exclude compilation; returns
+        the seconds it took. The caches are reset afterwards."""
+        t0 = time.perf_counter()
+        token = torch.zeros(self.batch_size, 1, dtype=torch.long, device=self.device)
+        for t in range(2):  # the second call confirms the graph is reused
+            self.decode_fn(self.model, token, torch.tensor([t], device=self.device),
+                           temperature, top_k)
+        sync(self.device)
+        self.model.reset_caches()
+        return time.perf_counter() - t0
+
     @property
     def cache_bytes(self) -> int:
         return sum(c.nbytes for c in self.model.caches())

@@ -1,0 +1,104 @@
+"""generate.py end to end on the embedded default model, and its answers to bad input."""
+import json
+
+import pytest
+
+from conftest import run_cli
+
+
+def generate(*args):
+    return run_cli("generate.py", *args)
+
+
+def one_line_error(proc, needle):
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert needle in lines[0], lines[0]
+
+
+def test_greedy_json_on_default_model(default_checkpoint):
+    proc = generate("--checkpoint_path", default_checkpoint, "--prompt",
+                    "The capital of France is", "--max_new_tokens", "8", "--temperature", "0",
+                    "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)  # stdout is exactly one JSON object
+    for key in ("text", "token_ids", "new_tokens", "tokens_per_s", "prefill_s", "cache_bytes",
+                "peak_memory_bytes"):
+        assert key in out
+    assert out["new_tokens"] == 8 and len(out["token_ids"]) == 5 + 8
+    assert out["text"].strip().startswith("Paris")
+    # full cache: K and V float32 [1, 3, max_seq_length, 64] per layer + the position map
+    n = out["max_seq_length"]
+    assert out["cache_bytes"] == 30 * (2 * 3 * n * 64 * 4 + n * 8)
+
+
+def test_chat_streams_text_and_stops_at_eos(default_checkpoint):
+    proc = generate("--checkpoint_path", default_checkpoint, "--chat", "--prompt",
+                    "What is the capital of France?", "--max_new_tokens", "40",
+                    "--temperature", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout
+    assert "<|im_end|>" not in proc.stdout
+    assert "stopped at EOS" in proc.stderr and "tokens/s" in proc.stderr
+
+
+def test_compressing_cache_end_to_end(default_checkpoint):
+    prompt = "In the beginning God created the heaven and the earth. " * 12  # > 64 tokens
+    out = {}
+    for cache in ("full", "weightedkv"):
+        proc = generate("--checkpoint_path", default_checkpoint, "--prompt", prompt,
+                        "--max_new_tokens", "40", "--temperature", "0", "--cache", cache,
+                        "--cache_size", "64", "--kv_middle", "int8" if cache != "full" else "model",
+                        "--json")
+        assert proc.returncode == 0, proc.stderr
+        out[cache] = json.loads(proc.stdout)
+    assert out["weightedkv"]["new_tokens"] >= 1
+    assert out["weightedkv"]["cache_bytes"] < out["full"]["cache_bytes"]
+
+
+def test_list_caches():
+    proc = generate("--list_caches")
+    assert proc.returncode == 0
+    names = [line.split()[0] for line in proc.stdout.splitlines()]
+    assert names == ["full", "streaming", "quantized", "h2o", "tova", "a2sf", "weightedkv",
+                     "weightedkv-evict", "cam", "lagkv"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--checkpoint_path", "/nonexistent/model"], "does not exist"),
+    (["--max_new_tokens", "0"], "--max_new_tokens"),
+    (["--max_new_tokens", "-3"], "--max_new_tokens"),
+    (["--max_seq_length", "0"], "--max_seq_length"),
+    (["--top_k", "0"], "--top_k"),
+    (["--num_samples", "-1"], "--num_samples"),
+    (["--temperature", "-1"], "--temperature"),
+    (["--cache", "lru"], "invalid choice"),
+    (["--cache", "h2o", "--lag", "3"], "no option --lag"),
+    (["--cache", "h2o", "--cache_size", "6"], "--window"),
+    (["--cache", "weightedkv", "--cache_size", "16", "--window", "12"], "no middle"),
+    (["--cache", "streaming", "--kv_middle", "int8"], "middle"),
+    (["--cache", "h2o", "--window", "0"], "--window"),
+    (["--dtype", "float64"], "invalid choice"),
+])
+def test_bad_arguments_are_one_line_errors(args, needle):
+    one_line_error(generate(*args), needle)
+
+
+def test_prompt_longer_than_max_seq_length(default_checkpoint):
+    proc = generate("--checkpoint_path", default_checkpoint, "--prompt", "word " * 100,
+                    "--max_seq_length", "32")
+    one_line_error(proc, "--max_seq_length")
+
+
+def test_non_llama_and_foreign_configs(tmp_path):
+    engine_cfg = tmp_path / "gpt2"
+    engine_cfg.mkdir()
+    (engine_cfg / "config.json").write_text(json.dumps(
+        {"format": "regionkv", "version": 1, "architecture": "gpt2", "model": {}}))
+    one_line_error(generate("--checkpoint_path", engine_cfg), "unsupported architecture")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    one_line_error(generate("--checkpoint_path", hf), "convert")
