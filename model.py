@@ -122,6 +122,34 @@ class KVSegment(NamedTuple):
         return (probs * self.v_scale.transpose(-1, -2)) @ self.v.float()
 
 
+def attend(q: Tensor, segments: list, mask: Tensor, cache=None) -> Tensor:
+    """Attention of q [B, H, T, D] over KV segments (Hkv heads) under mask [B|1, Hkv|1, T, S].
+
+    If `cache.wants_probs`, the probabilities [B, Hkv, G, T, S] go to `cache.observe`.
+    """
+    B, H, T, D = q.shape
+    Hkv = segments[0].k.shape[1]
+    G = H // Hkv
+    # GQA without repeating K/V: fold each KV group's query heads into the query axis.
+    qg = q.reshape(B, Hkv, G * T, D)
+    mask = mask.unsqueeze(2).expand(-1, -1, G, -1, -1).flatten(2, 3)
+    wants_probs = cache is not None and cache.wants_probs
+    if len(segments) == 1 and segments[0].k_scale is None and not wants_probs:
+        y = F.scaled_dot_product_attention(qg, segments[0].k, segments[0].v, attn_mask=mask)
+    else:
+        # Explicit softmax: policies that score tokens need the probabilities (SDPA hides
+        # them), and int8 stretches are dequantized here, by their per-token scales, on the
+        # fly: q.(s k) = s (q.k) and p.(s v) = (p s).v, never a dequantized copy of the cache.
+        scores = torch.cat([seg.scores(qg) for seg in segments], dim=-1) / math.sqrt(D)
+        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        y = sum(seg.mix(p) for seg, p in
+                zip(segments, probs.split([seg.k.shape[2] for seg in segments], dim=-1)))
+        y = y.to(q.dtype)
+        if wants_probs:
+            cache.observe(probs.view(B, Hkv, G, T, -1))
+    return y.view(B, H, T, D)
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -134,7 +162,6 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, input_pos: Tensor) -> Tensor:
         B, T, _ = x.shape
         H, Hkv, D = self.n_head, self.n_kv_heads, self.head_dim
-        G = H // Hkv
         q, k, v = self.wqkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
         q = q.view(B, T, H, D).transpose(1, 2)
         k = k.view(B, T, Hkv, D).transpose(1, 2)
@@ -145,24 +172,8 @@ class Attention(nn.Module):
         # with per-token scales) plus one boolean mask [B|1, Hkv|1, T, S] over all of them.
         q, segments, mask = self.kv_cache.update(input_pos, q, k, v)
 
-        # GQA without repeating K/V: fold each KV group's query heads into the query axis.
-        qg = q.reshape(B, Hkv, G * T, D)
-        mask = mask.unsqueeze(2).expand(-1, -1, G, -1, -1).flatten(2, 3)
-        wants_probs = self.kv_cache.wants_probs
-        if len(segments) == 1 and segments[0].k_scale is None and not wants_probs:
-            y = F.scaled_dot_product_attention(qg, segments[0].k, segments[0].v, attn_mask=mask)
-        else:
-            # Explicit softmax: policies that score tokens need the probabilities (SDPA hides
-            # them), and int8 stretches are dequantized here, by their per-token scales, on the
-            # fly: q.(s k) = s (q.k) and p.(s v) = (p s).v, never a dequantized copy of the cache.
-            scores = torch.cat([seg.scores(qg) for seg in segments], dim=-1) / math.sqrt(D)
-            probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-            y = sum(seg.mix(p) for seg, p in
-                    zip(segments, probs.split([seg.k.shape[2] for seg in segments], dim=-1)))
-            y = y.to(q.dtype)
-            if wants_probs:
-                self.kv_cache.observe(probs.view(B, Hkv, G, T, -1))
-        y = y.view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+        y = attend(q, segments, mask, self.kv_cache)
+        y = y.transpose(1, 2).reshape(B, T, H * D)
         return self.wo(y)
 
 
