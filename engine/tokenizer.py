@@ -296,15 +296,11 @@ def _special_splitter(specials: dict[str, int]):
 
 def load_tokenizer(checkpoint_dir) -> Tokenizer:
     """The tokenizer of an engine checkpoint directory (config.json's "tokenizer" section)."""
+    from engine.checkpoint import read_config
+
     path = Path(checkpoint_dir)
     cfg_path = path / CONFIG_NAME
-    if not cfg_path.is_file():
-        raise UserError(f"{str(path)!r} has no {CONFIG_NAME}; convert the model first with "
-                        f"convert_hf.py")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"cannot read {cfg_path}: {_one_line(e)}") from None
+    cfg = read_config(path)
     section = cfg.get("tokenizer") if isinstance(cfg, dict) else None
     if not isinstance(section, dict):
         raise UserError(f"{cfg_path} has no tokenizer section; re-run convert_hf.py")

@@ -41,7 +41,8 @@ def package_dir(module: str, pip: str) -> Path:
 
 
 def write_config(directory: Path, section: dict) -> Path:
-    (directory / "config.json").write_text(json.dumps({"tokenizer": section}))
+    (directory / "config.json").write_text(json.dumps(
+        {"format": "regionkv", "architecture": "llama", "tokenizer": section}))
     return directory
 
 
@@ -495,7 +496,8 @@ def test_gguf_byte_level_pre_types(name, pre, eos, tmp_path):
 def test_load_errors(tmp_path, smol_ours):
     with pytest.raises(UserError, match="config.json"):
         load_tokenizer(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({"format": "regionkv"}))
+    (tmp_path / "config.json").write_text(json.dumps({"format": "regionkv",
+                                                      "architecture": "llama"}))
     with pytest.raises(UserError, match="no tokenizer section"):
         load_tokenizer(tmp_path)
     _, section, _ = smol_ours
