@@ -94,7 +94,9 @@ def ppl_main(args) -> None:
     bar.close()
     cache_bytes = sum(c.nbytes for c in model.caches())
     out = {"nll": result.nll, "ppl": result.ppl, "tokens": result.tokens,
-           "cache": args.cache, "cache_bytes": cache_bytes, "tokens_per_s": result.tokens_per_s,
+           "cache": args.cache, "cache_size": args.cache_size if args.cache != "full" else None,
+           "kv_middle": args.kv_middle, "positions": args.positions,
+           "cache_bytes": cache_bytes, "tokens_per_s": result.tokens_per_s,
            "dtype": str(dtype).removeprefix("torch."), "text_file": args.text_file}
     if args.curve:
         Path(args.curve).write_text(json.dumps({"position": list(range(1, len(ids))),
