@@ -19,6 +19,7 @@ from model import ModelArgs, Transformer
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT = "regionkv"
+FORMAT_VERSION = 1  # bump when converted checkpoints change; the default model is then redone
 SUPPORTED_ARCHITECTURES = ("llama",)
 
 

@@ -28,7 +28,7 @@ from typing import Callable, Optional
 
 import torch
 
-from engine.checkpoint import CONFIG_NAME, FORMAT, WEIGHTS_NAME
+from engine.checkpoint import CONFIG_NAME, FORMAT, FORMAT_VERSION, WEIGHTS_NAME
 from engine.cli import DTYPES
 from engine.errors import UserError
 from model import ModelArgs, Transformer, rope_frequencies
@@ -229,7 +229,7 @@ def _check_state(state: dict, args: ModelArgs, where: str) -> None:
 
 
 def _engine_config(args: ModelArgs, tokenizer: dict) -> dict:
-    return {"format": FORMAT, "version": 1, "architecture": "llama", "model": args.to_dict(),
+    return {"format": FORMAT, "version": FORMAT_VERSION, "architecture": "llama", "model": args.to_dict(),
             "tokenizer": tokenizer, "quantization": None, "source": None}
 
 

@@ -33,17 +33,27 @@ def default_gguf() -> Path:
 
 def default_checkpoint() -> Path:
     """The converted default checkpoint, converting it (float32) on first use."""
-    from engine.checkpoint import CONFIG_NAME
+    import json
+
+    from engine.checkpoint import CONFIG_NAME, FORMAT_VERSION
     from engine.convert import OutputExistsError, convert
 
     ckpt = regionkv_home() / "checkpoints" / CHECKPOINT_NAME
+    stale = False
     if (ckpt / CONFIG_NAME).is_file():
-        return ckpt
+        try:
+            stale = json.loads((ckpt / CONFIG_NAME).read_text()).get("version") != FORMAT_VERSION
+        except (OSError, ValueError):
+            stale = True
+        if not stale:
+            return ckpt
     gguf = default_gguf()
-    print(f"first use of the default model: converting {gguf.name} into {ckpt} "
-          f"(done once, reused afterwards)", file=sys.stderr, flush=True)
+    why = "the default model was converted by an older version" if stale else \
+        "first use of the default model"
+    print(f"{why}: converting {gguf.name} into {ckpt} (done once, reused afterwards)",
+          file=sys.stderr, flush=True)
     try:
-        convert(gguf, ckpt, dtype="float32")
+        convert(gguf, ckpt, dtype="float32", force=stale)
     except OutputExistsError:
         # A concurrent first use finished first; its (atomically renamed) result is complete.
         if not (ckpt / CONFIG_NAME).is_file():

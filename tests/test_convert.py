@@ -150,6 +150,21 @@ def test_default_checkpoint_converts_once_then_reuses(default_converted, monkeyp
     assert capsys.readouterr().err == ""
 
 
+def test_default_checkpoint_from_an_older_format_is_redone(default_converted, monkeypatch, capsys):
+    import json
+    home, path, _ = default_converted
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(dict(cfg, version=0)))
+    calls = []
+    monkeypatch.setattr("engine.convert.convert",
+                        lambda src, out, dtype=None, force=False: calls.append(force) or
+                        (path / "config.json").write_text(json.dumps(cfg)))
+    monkeypatch.setenv("REGIONKV_HOME", str(home))
+    assert default_checkpoint() == path
+    assert calls == [True] and "older version" in capsys.readouterr().err
+    assert read_config(path)["version"] == cfg["version"]
+
+
 def test_default_checkpoint_without_package_names_the_install(monkeypatch):
     import importlib.util
     real = importlib.util.find_spec
