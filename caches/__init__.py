@@ -118,15 +118,10 @@ class LayerFactory:
 
     def __init__(self, cls, kwargs: dict):
         self.cls, self.kwargs, self.layers = cls, kwargs, 0
-        self.quantized_middle_capacity = cls is QuantizedCache
 
     def __call__(self, batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope):
-        kw = dict(self.kwargs)
-        if self.quantized_middle_capacity:
-            # "Don't drop it": the middle holds every token the stream can reach.
-            kw["middle"] = max(1, max_seq_length - kw["sink"] - kw["window"] - kw["chunk"])
         cache = self.cls(batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope,
-                         layer_id=self.layers, **kw)
+                         layer_id=self.layers, **self.kwargs)
         self.layers += 1
         return cache
 

@@ -11,3 +11,10 @@ class QuantizedCache(RegionCache):
     """
     description = "keep everything: sink + window in the model dtype, all older tokens in INT8"
     always_int8 = True
+
+    def __init__(self, batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope, *,
+                 sink, window, middle, chunk=32, **kw):
+        # "Don't drop it": the middle holds every token the stream can reach.
+        middle = max(1, max_seq_length - sink - window - chunk)
+        super().__init__(batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope,
+                         sink=sink, window=window, middle=middle, chunk=chunk, **kw)
