@@ -380,3 +380,15 @@ def test_bad_cache_configurations_are_one_line_errors(kwargs, needle):
     with pytest.raises(UserError) as e:
         make_cache_factory(name, **kwargs)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cache_positions_stream_beyond_max_seq_length():
+    model = tiny_model()
+    factory = make_cache_factory("weightedkv", cache_size=16, chunk=8, positions="cache")
+    gen = Generator(model, 64, make_cache=factory)  # RoPE table of 64 positions
+    before = gen.cache_bytes
+    out = gen.generate(list(range(1, 11)), 200, temperature=1.0)
+    assert out.new_tokens == 200 and gen.cache_bytes == before
+    original = Generator(model, 64, make_cache=make_cache_factory("weightedkv", cache_size=16,
+                                                                   chunk=8))
+    assert original.generate(list(range(1, 11)), 200).new_tokens == 64 - 10  # positions run out
