@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args,
+from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
                         list_caches, positive_int, resolve_device, resolve_dtype, run)
 from engine.errors import UserError
 
@@ -80,7 +80,7 @@ def ppl_main(args) -> None:
                         f"--max_tokens {context} or less, or --positions cache with a "
                         f"compressing --cache")
     with torch.device(device):
-        model.setup_caches(1, max(len(ids), args.cache_size + 2 * 64 + 1), make_cache)
+        model.setup_caches(1, max(len(ids), cache_slots(args)), make_cache)
     step = torch.compile(score_step, fullgraph=True) if args.compile else score_step
 
     bar = tqdm(total=len(ids) - 1, unit="tok", disable=args.json or not sys.stderr.isatty())

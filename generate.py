@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args,
+from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
                         list_caches, non_negative_float, positive_int, resolve_device,
                         resolve_dtype, run)
 from engine.errors import UserError
@@ -102,7 +102,7 @@ def main(argv=None) -> None:
     if args.cache != "full" and args.positions == "cache":
         # Keys rotate by their rank in the cache: positions never outgrow it, so the stream is
         # unbounded and the RoPE table only has to cover the cache.
-        max_seq_length = max_seq_length or min(round_up(args.cache_size + 2 * 64 + 1), context)
+        max_seq_length = max_seq_length or min(round_up(cache_slots(args)), context)
     else:
         if max_seq_length is None:
             max_seq_length = min(round_up(len(prompt) + args.max_new_tokens), context)

@@ -98,6 +98,13 @@ def add_cache_arguments(p) -> None:
 POLICY_OPTIONS = ("forgetting_factor", "merge_span", "lag", "lag_keep_ratio")
 
 
+def cache_slots(args) -> int:
+    """Slots a compressing cache holds (budget + prefill staging + the spare middle slot): the
+    RoPE table must cover them when keys rotate by their rank (--positions cache)."""
+    from caches import DEFAULT_CHUNK
+    return args.cache_size + (args.prefill_chunk or DEFAULT_CHUNK) + 1
+
+
 def list_caches() -> str:
     from caches import POLICIES, describe
     return "\n".join(f"{name:<18}{describe(name)}" for name in POLICIES)
