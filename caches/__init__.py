@@ -36,12 +36,11 @@ DEFAULT_CHUNK = 32
 
 
 def describe(name: str) -> str:
-    cls = POLICIES[name]
-    return getattr(cls, "description", "") or "keep every token (capacity = max_seq_length)"
+    return POLICIES[name].description
 
 
 def policy_options(name: str) -> dict:
-    return dict(getattr(POLICIES[name], "options", {}))
+    return dict(POLICIES[name].options)
 
 
 def region_sizes(name: str, cache_size: int, sink=None, window=None) -> tuple[int, int, int]:
@@ -98,16 +97,7 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
     if cache_size < 2:
         raise UserError(f"--cache_size must be at least 2, got {cache_size}")
     sink, window, middle = region_sizes(name, cache_size, sink, window)
-    if name == "lagkv":
-        lag = options.get("lag") or window // 2
-        if not 1 <= lag <= window // 2:
-            raise UserError(f"--lag must be between 1 and window // 2 = {window // 2} (two lag "
-                            f"partitions must fit the window), got {lag}")
-        ratio = options.get("lag_keep_ratio", 0.5)
-        if not 0 < ratio <= 1:
-            raise UserError(f"--lag_keep_ratio must be in (0, 1], got {ratio}")
-    if name == "cam" and options.get("merge_span", 16) < 1:
-        raise UserError("--merge_span must be >= 1")
+    cls.check_options(window, **options)
     int8 = kv_middle == "int8" or getattr(cls, "always_int8", False)
     return LayerFactory(cls, dict(sink=sink, window=window, middle=middle, chunk=chunk,
                                   middle_int8=int8, positions=positions, seed=seed, **options))

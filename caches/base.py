@@ -23,6 +23,12 @@ class KVCache(nn.Module):
     wants_probs = False
     has_middle = False
     prefill_chunk = None  # None: any prompt length in one call; N: feed prompts N tokens at a time
+    description = ""      # one line for --list_caches
+    options: dict = {}    # policy options (name -> default) a policy accepts
+
+    @classmethod
+    def check_options(cls, window: int, **options) -> None:
+        """Raise UserError for option values the policy cannot run with."""
 
     def __init__(self, rope: Tensor):
         super().__init__()

@@ -2,6 +2,7 @@ import torch
 from torch import Tensor
 
 from caches.region import FAR, RegionCache
+from engine.errors import UserError
 
 
 def uniform(key: Tensor, cur: Tensor, shape) -> Tensor:
@@ -32,6 +33,11 @@ class CaMCache(RegionCache):
     stats = ("acc",)
     options = {"merge_span": 16}
     description = "sinks + window; the evicted token's value is merged into the next ones, by chance"
+
+    @classmethod
+    def check_options(cls, window: int, merge_span: int = 16) -> None:
+        if merge_span < 1:
+            raise UserError(f"--merge_span must be >= 1, got {merge_span}")
 
     def __init__(self, *args, merge_span: int = 16, **kw):
         super().__init__(*args, **kw)

@@ -14,6 +14,8 @@ class FullCache(KVCache):
     positions when written.
     """
 
+    description = "keep every token (capacity = max_seq_length)"
+
     def __init__(self, batch_size: int, n_kv_heads: int, head_dim: int, max_seq_length: int,
                  dtype: torch.dtype, rope: Tensor):
         super().__init__(rope)

@@ -4,6 +4,7 @@ import torch
 from torch import Tensor
 
 from caches.region import RegionCache
+from engine.errors import UserError
 
 
 class LagKVCache(RegionCache):
@@ -20,6 +21,15 @@ class LagKVCache(RegionCache):
     stats = ("lag_score", "keep")
     options = {"lag": None, "lag_keep_ratio": 0.5}
     description = "attention-free: score lag partitions by their successor's min/max, keep the top"
+
+    @classmethod
+    def check_options(cls, window: int, lag=None, lag_keep_ratio: float = 0.5) -> None:
+        lag = lag or window // 2
+        if not 1 <= lag <= window // 2:
+            raise UserError(f"--lag must be between 1 and window // 2 = {window // 2} (two lag "
+                            f"partitions must fit the window), got {lag}")
+        if not 0 < lag_keep_ratio <= 1:
+            raise UserError(f"--lag_keep_ratio must be in (0, 1], got {lag_keep_ratio}")
 
     def __init__(self, *args, lag=None, lag_keep_ratio: float = 0.5, **kw):
         super().__init__(*args, **kw)

@@ -41,7 +41,6 @@ class RegionCache(KVCache):
     wants_probs = True   # attention always hands over probabilities; compression happens there
     stats: tuple = ()    # names of per-slot float32 statistics
     has_middle = True
-    description = ""
 
     def __init__(self, batch_size: int, n_kv_heads: int, head_dim: int, max_seq_length: int,
                  dtype: torch.dtype, rope: Tensor, *, sink: int, window: int, middle: int,
