@@ -10,6 +10,7 @@ import json
 import resource
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -43,7 +44,48 @@ def build_parser() -> Parser:
     p.add_argument("--max_seq_length", type=positive_int, default=None,
                    help="cache length in tokens (default: prompt + max_new_tokens, rounded up)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--profile", default=None, metavar="FILE",
+                   help="write a torch.profiler Chrome trace (JSON) of the generation to FILE")
     return p
+
+
+def check_profile_path(path: str) -> Path:
+    """Refuse a trace path that cannot be written before spending time generating."""
+    out = Path(path).expanduser()
+    if out.is_dir():
+        raise UserError(f"--profile {path!r} is a directory; pass a file name such as "
+                        f"{str(out / 'trace.json')!r}")
+    if not out.parent.is_dir():
+        raise UserError(f"--profile {path!r}: directory {str(out.parent)!r} does not exist")
+    existed = out.exists()
+    try:
+        with open(out, "a"):
+            pass
+    except OSError as e:
+        raise UserError(f"--profile {path!r} cannot be written: {e.strerror}") from None
+    if not existed:
+        out.unlink()
+    return out
+
+
+def profiled(gen, device: torch.device):
+    """A profiler over the generation, with prefill and each decode step labelled in the trace.
+    The labels wrap the Generator's own step functions (on the instance), so the engine's code
+    is traced as it runs without it."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    def label(name, fn):
+        def wrapped(*a, **k):
+            with record_function(name):
+                return fn(*a, **k)
+        return wrapped
+
+    gen.prefill_prompt = label("prefill", gen.prefill_prompt)
+    gen.decode_fn = label("decode", gen.decode_fn)
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    return profile(activities=activities)
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -76,6 +118,7 @@ def main(argv=None) -> None:
     if args.list_caches:
         print(list_caches())
         return
+    profile_path = check_profile_path(args.profile) if args.profile else None
     make_cache = cache_factory_from_args(args, seed=args.seed or 0)
     from engine.checkpoint import load_model, read_config
     from engine.default_model import default_checkpoint
@@ -136,6 +179,9 @@ def main(argv=None) -> None:
         if not args.json:
             print(f"compiled in {compile_s:.1f} s", file=sys.stderr)
 
+    prof = profiled(gen, device) if profile_path else None
+    if prof:
+        prof.start()
     samples = []
     for i in range(args.num_samples):
         stream = None
@@ -156,6 +202,11 @@ def main(argv=None) -> None:
             print(f"{g.new_tokens} tokens, prefill {g.prefill_s:.2f} s, decode "
                   f"{g.tokens_per_s:.1f} tokens/s" + (" (stopped at EOS)" if g.stopped_at_eos else ""),
                   file=sys.stderr)
+    if prof:
+        prof.stop()
+        prof.export_chrome_trace(str(profile_path))
+        print(f"wrote profiler trace {profile_path} (chrome://tracing or ui.perfetto.dev)",
+              file=sys.stderr)
 
     memory = {"cache_bytes": gen.cache_bytes, "peak_memory_bytes": peak_memory_bytes(device)}
     if args.json:

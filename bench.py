@@ -1,0 +1,537 @@
+"""Benchmark decode speed against the machine's memory bandwidth: python bench.py [--json].
+
+For a checkpoint, dtype and one or more cache policies, at several contexts (tokens already in
+the cache when decoding is timed), eager and/or compiled: decode tokens/s (median of --repeats),
+prefill tokens/s, time to first token, compile time, peak memory, cache bytes, bytes read per
+decode token (weights + the K/V attention reads) and the bandwidth that implies, as a fraction of
+the machine's own streaming-read bandwidth (measured once per run). `--peer transformers` runs
+the same weights, prompt ids, dtype and token count through `transformers` in the same process.
+
+    python bench.py --contexts 256,1024,4096 --cache full,weightedkv --compile both
+    python bench.py --contexts 1024 --compile off --peer transformers --json
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from engine.cli import (DTYPES, POLICY_OPTIONS, Parser, add_cache_arguments,
+                        cache_factory_from_args, list_caches, positive_int, resolve_device,
+                        resolve_dtype, run)
+from engine.errors import UserError
+
+ROOT = Path(__file__).resolve().parent
+TEXT_FILES = (ROOT / "data" / "corpora" / "wiki.txt", ROOT / "tests" / "data" / "kjv_genesis_1_2.txt")
+PEER_INSTALL = "pip install transformers==5.23.0 (requirements-dev.txt)"
+
+
+# ---- arguments ---------------------------------------------------------------------------------
+
+def policy_list(text: str) -> list:
+    from caches import POLICIES
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown cache policy {', '.join(map(repr, unknown))}; "
+                                         f"choose from {', '.join(POLICIES)}")
+    return list(dict.fromkeys(names))
+
+
+def int_list(text: str) -> list:
+    try:
+        values = [positive_int(v) for v in text.split(",")]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+    return list(dict.fromkeys(values))
+
+
+def build_parser() -> Parser:
+    # "resolve" lets --cache be re-declared to take a comma-separated list of policies.
+    p = Parser(description=__doc__.splitlines()[0], conflict_handler="resolve")
+    p.add_argument("--checkpoint_path", default=None,
+                   help="engine checkpoint directory; default: the embedded SmolLM2-135M-Instruct")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
+    p.add_argument("--dtype", choices=list(DTYPES), default=None,
+                   help="default: bfloat16 on CUDA, float32 on CPU")
+    add_cache_arguments(p)
+    p.add_argument("--cache", type=policy_list, default=["full"],
+                   help="comma-separated cache policies, e.g. full,streaming,weightedkv")
+    p.add_argument("--contexts", type=int_list, default=[256, 1024, 4096],
+                   help="comma-separated tokens in the cache when decoding is timed")
+    p.add_argument("--new_tokens", type=positive_int, default=32, help="decode steps timed")
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed runs; medians reported")
+    p.add_argument("--compile", choices=["on", "off", "both"], default="both",
+                   help="time the compiled decode step, the eager one, or both")
+    p.add_argument("--peer", choices=["transformers"], default=None,
+                   help="also run the same weights through this library and report the ratio")
+    p.add_argument("--text_file", default=None,
+                   help="text of the context prompt (default: data/corpora/wiki.txt if prepared, "
+                        "else tests/data/kjv_genesis_1_2.txt; repeated when too short)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    return p
+
+
+def policy_factories(args) -> dict:
+    """policy -> (cache factory, settings): each cache flag goes to the policies it fits; a flag
+    that fits none of the listed policies is an error (the factory's own message)."""
+    from caches import POLICIES, policy_options
+    fits = {
+        "kv_middle": lambda c: args.kv_middle == "model" or POLICIES[c].has_middle,
+        "positions": lambda c: args.positions == "original" or c != "full",
+        **{o: (lambda c, o=o: getattr(args, o) is None or o in policy_options(c))
+           for o in POLICY_OPTIONS},
+        **{o: (lambda c, o=o: getattr(args, o) is None or c != "full")
+           for o in ("sink", "window", "prefill_chunk")},
+    }
+    for flag, ok in fits.items():
+        if not any(ok(c) for c in args.cache):
+            ns = argparse.Namespace(**vars(args))
+            ns.cache = args.cache[0]
+            cache_factory_from_args(ns)  # raises the one-line error naming the mismatch
+    out = {}
+    for c in args.cache:
+        ns = argparse.Namespace(**vars(args))
+        ns.cache = c
+        defaults = {"kv_middle": "model", "positions": "original"}
+        for flag, ok in fits.items():
+            if not ok(c):
+                setattr(ns, flag, defaults.get(flag))
+        settings = {"cache_size": None if c == "full" else ns.cache_size,
+                    "kv_middle": ns.kv_middle, "positions": ns.positions}
+        out[c] = (cache_factory_from_args(ns), settings)
+    return out
+
+
+# ---- measurements --------------------------------------------------------------------------------
+
+def last_level_cache_bytes() -> int:
+    """Largest CPU cache from sysfs (Linux); 32 MiB when unknown."""
+    best = 0
+    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            size = (d / "size").read_text().strip()
+        except OSError:
+            continue
+        mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:], 1)
+        best = max(best, int(size.rstrip("KMG")) * mult)
+    return best or 32 * 2**20
+
+
+def machine_bandwidth_gbs(device: torch.device, trials: int = 10) -> float:
+    """Streaming-read bandwidth: best of `trials` full reductions of a buffer far larger than
+    the last-level cache (CPU: 8x it, >= 256 MiB, same threads as decode; CUDA: 1 GiB)."""
+    if device.type == "cuda":
+        x = torch.ones(2**28, device=device)  # 1 GiB float32
+        best = float("inf")
+        for _ in range(trials + 1):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            x.sum()
+            end.record()
+            torch.cuda.synchronize(device)
+            best = min(best, start.elapsed_time(end) / 1e3)
+        nbytes = x.numel() * x.element_size()
+        del x
+        return nbytes / best / 1e9
+    nbytes = max(8 * last_level_cache_bytes(), 256 * 2**20)
+    x = torch.ones(nbytes // 4)  # written once: every page is resident before timing
+    best = float("inf")
+    for _ in range(trials + 1):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best / 1e9
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:  # Linux: "5" resets the process's peak RSS (VmHWM), so each row has its own peak
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_memory(device: torch.device) -> int:
+    """generate.py's figure (max_memory_allocated on CUDA, peak RSS on CPU), per row on Linux."""
+    if device.type != "cuda":
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    from generate import peak_memory_bytes
+    return peak_memory_bytes(device)
+
+
+def weight_bytes_per_token(model) -> int:
+    """Weight bytes one decode step reads: every tensor of the state dict (quantized weights and
+    their scales included) except the embedding table, of which one row is read. A tied output
+    head appears in the state dict under its own name, so the full table is still counted once."""
+    total = 0
+    for name, t in model.state_dict().items():
+        nbytes = t.numel() * t.element_size()
+        if name.startswith("tok_embeddings."):
+            nbytes //= t.shape[0]  # one row per token
+        total += nbytes
+    return total
+
+
+def kv_bytes_per_token(model, filled: int) -> int:
+    """K/V bytes attention reads per decode step: the full cache's `filled` positions, or every
+    K/V buffer (and int8 scales) of a compressing cache, which attends over all its slots."""
+    from caches import FullCache
+    total = 0
+    for cache in model.caches():
+        kv = sum(b.numel() * b.element_size() for n, b in cache.named_buffers()
+                 if n.split("_")[0] in ("k", "v"))
+        total += kv * filled // cache.k.shape[2] if isinstance(cache, FullCache) else kv
+    return total
+
+
+def context_ids(tokenizer, n: int, text_file) -> list:
+    path = Path(text_file) if text_file else next((p for p in TEXT_FILES if p.is_file()), None)
+    if path is None or not path.is_file():
+        raise UserError(f"--text_file {str(path)!r} does not exist")
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    chars = 8 * n + 1024  # encode only what is needed of a large corpus
+    ids = tokenizer.encode(text[:chars])
+    while len(ids) < n and chars < len(text):
+        chars *= 2
+        ids = tokenizer.encode(text[:chars])
+    if not ids:
+        raise UserError(f"{path} holds no text")
+    while len(ids) < n:  # a short text is repeated (without a second BOS)
+        ids = ids + tokenizer.encode(text, bos=False)
+    return ids[:n]
+
+
+def bench_engine(model, policy, factory, settings, context, prompt, args, compiled, device):
+    from engine.generation import Generator
+    if compiled:
+        torch.compiler.reset()  # every row compiles from scratch: compile_s is its own
+    reset_peak_memory(device)
+    # +1: prefill makes the first token, then new_tokens decode steps are timed.
+    gen = Generator(model, context + args.new_tokens + 1, make_cache=factory, compile=compiled)
+    warm = gen.warmup(0.0, None)
+    # An untimed run warms the prefill shapes and anything the warm-up step did not reach.
+    gen.generate(prompt, 3, temperature=0.0)
+    runs = [gen.generate(prompt, args.new_tokens + 1, temperature=0.0)
+            for _ in range(args.repeats)]
+    tps = statistics.median(g.tokens_per_s for g in runs)
+    ttft = statistics.median(g.prefill_s for g in runs)
+    w, kv = weight_bytes_per_token(model), kv_bytes_per_token(model, context)
+    row = dict(engine="regionkv", policy=policy, **settings, context=context,
+               compiled=compiled, new_tokens=args.new_tokens,
+               decode_tokens_per_s=tps, decode_ms_per_token=1e3 / tps if tps else None,
+               prefill_tokens_per_s=context / ttft, ttft_s=ttft,
+               compile_s=warm if compiled else None,
+               peak_memory_bytes=peak_memory(device), cache_bytes=gen.cache_bytes,
+               weight_bytes_per_token=w, kv_bytes_per_token=kv, bytes_per_token=w + kv,
+               bandwidth_gbs=(w + kv) * tps / 1e9, new_ids=runs[0].new_ids[0])
+    del gen
+    return row
+
+
+def add_overheads(rows) -> None:
+    """Bookkeeping cost per step: ms/token minus that of streaming (sink + window, same budget)
+    at the same context, or else of full at a context equal to the budget (same retained size)."""
+    ms = {(r["policy"], r["cache_size"], r["context"], r["compiled"]): r["decode_ms_per_token"]
+          for r in rows}
+    for r in rows:
+        r["overhead_ms_per_token"] = r["overhead_vs"] = None
+        if r["policy"] == "full" or r["decode_ms_per_token"] is None:
+            continue
+        for base, key in (("streaming", ("streaming", r["cache_size"], r["context"], r["compiled"])),
+                          ("full", ("full", None, r["cache_size"], r["compiled"]))):
+            if base != r["policy"] and ms.get(key):
+                r["overhead_ms_per_token"] = r["decode_ms_per_token"] - ms[key]
+                r["overhead_vs"] = f"{base}@{key[2]}"
+                break
+
+
+# ---- the transformers peer ----------------------------------------------------------------------
+
+def peer_float_model(model, cfg, ckpt, dtype, device):
+    """The engine's float weights (for a quantized checkpoint: those of its float source)."""
+    if not cfg.get("quantization"):
+        return model
+    from engine.checkpoint import load_model, read_config
+    source = str(cfg.get("source") or "")
+    path = Path(source.split(":", 1)[1] if ":" in source and not Path(source).exists() else source)
+    try:
+        ok = path.is_dir() and not read_config(path).get("quantization")
+    except UserError:
+        ok = False
+    if not ok:
+        raise UserError(f"--peer needs float weights: {ckpt} is quantized and its source "
+                        f"{source!r} is not a float engine checkpoint here; run --peer on the "
+                        f"float checkpoint")
+    return load_model(path, device=device, dtype=dtype)
+
+
+def hf_llama(model, dtype, device):
+    """transformers' LlamaForCausalLM holding exactly the engine's weights (RoPE layouts agree:
+    the engine stores Q/K half-split, as Hugging Face does)."""
+    import transformers
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    a = model.args
+    rope = {"rope_type": "default", "rope_theta": a.rope_base}
+    if a.rope_scaling:
+        rope = dict(a.rope_scaling, rope_type="llama3", rope_theta=a.rope_base)
+    hcfg = transformers.LlamaConfig(
+        vocab_size=a.vocab_size, hidden_size=a.dim, intermediate_size=a.intermediate_size,
+        num_hidden_layers=a.n_layer, num_attention_heads=a.n_head, num_key_value_heads=a.n_kv_heads,
+        head_dim=a.head_dim, rms_norm_eps=a.norm_eps, rope_parameters=rope,
+        max_position_embeddings=a.max_position_embeddings, tie_word_embeddings=a.tie_embeddings,
+        attention_bias=a.attention_bias, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    H, Hkv, D = a.n_head * a.head_dim, a.n_kv_heads * a.head_dim, a.head_dim
+    s = model.state_dict()
+    state = {"model.embed_tokens.weight": s["tok_embeddings.weight"],
+             "model.norm.weight": s["norm.weight"], "lm_head.weight": s["output.weight"]}
+    for i in range(a.n_layer):
+        e, h = f"layers.{i}.", f"model.layers.{i}."
+        for kind in ("weight", "bias") if a.attention_bias else ("weight",):
+            q, k, v = s[e + f"attention.wqkv.{kind}"].split([H, Hkv, Hkv], dim=0)
+            state.update({h + f"self_attn.q_proj.{kind}": q, h + f"self_attn.k_proj.{kind}": k,
+                          h + f"self_attn.v_proj.{kind}": v})
+        if a.attention_bias:  # HF's Llama gives o_proj a bias too; the engine's wo has none
+            state[h + "self_attn.o_proj.bias"] = torch.zeros(a.dim, dtype=dtype, device=device)
+        state.update({
+            h + "self_attn.o_proj.weight": s[e + "attention.wo.weight"],
+            h + "mlp.gate_proj.weight": s[e + "feed_forward.w1.weight"],
+            h + "mlp.up_proj.weight": s[e + "feed_forward.w3.weight"],
+            h + "mlp.down_proj.weight": s[e + "feed_forward.w2.weight"],
+            h + "input_layernorm.weight": s[e + "attention_norm.weight"],
+            h + "post_attention_layernorm.weight": s[e + "ffn_norm.weight"]})
+    with torch.device("meta"):  # no random init of weights that are replaced anyway
+        hf = transformers.LlamaForCausalLM(hcfg)
+    hf.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=True, assign=True)
+    hf.model.rotary_emb = LlamaRotaryEmbedding(hcfg).to(device)  # its buffers were on meta
+    hf.generation_config.pad_token_id = 0
+    hf.generation_config.eos_token_id = None
+    return hf.to(device=device, dtype=dtype).eval()
+
+
+def peer_caches(hf, policy: str, cache_size):
+    """(label, factory of a fresh cache or None for transformers' default) for our policy, or
+    (note, None) when transformers has no counterpart."""
+    from transformers.cache_utils import Cache, DynamicSlidingWindowLayer, QuantizedCache
+    n = hf.config.num_hidden_layers
+    if policy == "full":
+        return "dynamic", lambda: None
+    if policy == "streaming":
+        # transformers dropped SinkCache; its sliding-window layer keeps the last tokens only.
+        return (f"sliding_window({cache_size}, no sink)",
+                lambda: Cache(layers=[DynamicSlidingWindowLayer(sliding_window=cache_size)
+                                      for _ in range(n)]))
+    if policy == "quantized":
+        if importlib.util.find_spec("hqq"):
+            return "quantized(hqq, 8 bit)", lambda: QuantizedCache("hqq", hf.config, nbits=8)
+        if importlib.util.find_spec("optimum") and importlib.util.find_spec("optimum.quanto"):
+            return "quantized(quanto, 4 bit)", lambda: QuantizedCache("quanto", hf.config, nbits=4)
+        return ("quantized(fp8; quanto and hqq backends not installed)",
+                lambda: QuantizedCache("fp8", hf.config))
+    return f"{policy}: transformers has no counterpart", None
+
+
+def bench_peer(hf, policy, settings, context, prompt, args, device):
+    from engine.generation import sync
+    label, make = peer_caches(hf, policy, settings["cache_size"])
+    if make is None:
+        return None, label
+    ids = torch.tensor([prompt], device=device)
+
+    def generate(n):
+        sync(device)
+        t = time.perf_counter()
+        with torch.inference_mode():
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=make(),
+                              do_sample=False, min_new_tokens=n, max_new_tokens=n)
+        sync(device)
+        return time.perf_counter() - t, out[0, ids.shape[1]:].tolist()
+
+    reset_peak_memory(device)
+    generate(2)  # warm-up
+    n = args.new_tokens + 1
+    t1, tn, new_ids = [], [], None
+    for _ in range(args.repeats):
+        t1.append(generate(1)[0])
+        t, new_ids = generate(n)
+        tn.append(t)
+    ttft, decode_s = statistics.median(t1), statistics.median(tn) - statistics.median(t1)
+    tps = (n - 1) / decode_s if decode_s > 0 else None
+    return dict(engine="transformers", policy=policy, peer_cache=label, **settings,
+                context=context, compiled=False, new_tokens=args.new_tokens,
+                decode_tokens_per_s=tps, decode_ms_per_token=1e3 / tps if tps else None,
+                prefill_tokens_per_s=context / ttft, ttft_s=ttft,
+                peak_memory_bytes=peak_memory(device), new_ids=new_ids), None
+
+
+def add_peer_ratios(rows, peer_rows) -> None:
+    for p in peer_rows:
+        p["engine_over_peer"], p["tokens_match"] = {}, None
+        for r in rows:
+            if (r["policy"], r["context"], r["cache_size"]) != \
+                    (p["policy"], p["context"], p["cache_size"]):
+                continue
+            mode = "compiled" if r["compiled"] else "eager"
+            if r["decode_tokens_per_s"] and p["decode_tokens_per_s"]:
+                p["engine_over_peer"][mode] = r["decode_tokens_per_s"] / p["decode_tokens_per_s"]
+            if p["policy"] == "full":  # other policies keep different tokens by design
+                p["tokens_match"] = bool(p["tokens_match"] in (None, True)
+                                         and r["new_ids"] == p["new_ids"])
+
+
+# ---- report ---------------------------------------------------------------------------------------
+
+def machine_info(device: torch.device) -> dict:
+    info = {"torch": torch.__version__, "python": platform.python_version(),
+            "device": str(device), "threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(), "cpu": platform.processor() or platform.machine()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(result) -> None:
+    m, mo = result["machine"], result["model"]
+    print(f"{mo['checkpoint']} ({mo['dtype']}, quantization {mo['quantization']}) on "
+          f"{m.get('gpu') or m['cpu']}, {m['threads']} threads, torch {m['torch']}")
+    print(f"machine streaming-read bandwidth: {result['machine_bandwidth_gbs']:.1f} GB/s")
+    head = (f"{'engine':<13}{'mode':<9}{'policy':<18}{'ctx':>6}{'tok/s':>9}{'ms/tok':>8}"
+            f"{'ovh ms':>8}{'prefill/s':>10}{'ttft s':>8}{'comp s':>8}{'MB/tok':>8}{'GB/s':>7}"
+            f"{'%bw':>5}{'cacheMiB':>9}{'peakMiB':>8}")
+    print(head)
+    for r in result["rows"]:
+        mode = "compiled" if r["compiled"] else "eager"
+        print(f"{r['engine']:<13}{mode:<9}{r['policy']:<18}{r['context']:>6}"
+              f"{fmt(r['decode_tokens_per_s'], '.1f'):>9}{fmt(r['decode_ms_per_token'], '.2f'):>8}"
+              f"{fmt(r['overhead_ms_per_token'], '+.2f'):>8}{r['prefill_tokens_per_s']:>10.0f}"
+              f"{r['ttft_s']:>8.3f}{fmt(r['compile_s'], '.1f'):>8}"
+              f"{r['bytes_per_token'] / 1e6:>8.1f}{r['bandwidth_gbs']:>7.1f}"
+              f"{100 * r['bandwidth_fraction']:>5.0f}{r['cache_bytes'] / 2**20:>9.1f}"
+              f"{r['peak_memory_bytes'] / 2**20:>8.0f}")
+    for p in result["peer_rows"]:
+        ratios = ", ".join(f"{k} {v:.2f}x" for k, v in p["engine_over_peer"].items()) or "-"
+        match = {None: "", True: ", greedy tokens match", False: ", greedy tokens DIFFER"}
+        print(f"{'transformers':<13}{'eager':<9}{p['policy']:<18}{p['context']:>6}"
+              f"{fmt(p['decode_tokens_per_s'], '.1f'):>9}{fmt(p['decode_ms_per_token'], '.2f'):>8}"
+              f"{'':>8}{p['prefill_tokens_per_s']:>10.0f}{p['ttft_s']:>8.3f}   "
+              f"[{p['peer_cache']}; engine/peer {ratios}{match[p['tokens_match']]}]")
+    for note in result["notes"]:
+        print(f"note: {note}")
+
+
+# ---- main ---------------------------------------------------------------------------------------
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.list_caches:
+        print(list_caches())
+        return
+    factories = policy_factories(args)
+    if args.peer == "transformers":
+        try:
+            import transformers  # noqa: F401  (the benchmark's peer only; never the engine's)
+        except ImportError:
+            raise UserError(f"--peer transformers needs the transformers package: "
+                            f"{PEER_INSTALL}") from None
+    from engine.checkpoint import load_model, read_config
+    from engine.default_model import default_checkpoint
+    from engine.tokenizer import load_tokenizer
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    ckpt = Path(args.checkpoint_path) if args.checkpoint_path else default_checkpoint()
+    cfg = read_config(ckpt)
+    limit = cfg["model"]["max_position_embeddings"]
+    too_long = [c for c in args.contexts if c + args.new_tokens + 1 > limit]
+    if too_long:
+        raise UserError(f"context {too_long[0]} + {args.new_tokens} new tokens + 1 exceeds the "
+                        f"model's {limit} positions; use --contexts up to "
+                        f"{limit - args.new_tokens - 1}")
+    prompt = context_ids(load_tokenizer(ckpt), max(args.contexts), args.text_file)
+
+    def say(msg):
+        if not args.json:
+            print(msg, file=sys.stderr, flush=True)
+
+    model = load_model(ckpt, device=device, dtype=dtype)
+    say("measuring the machine's streaming-read bandwidth...")
+    bandwidth = machine_bandwidth_gbs(device)
+    modes = {"on": [True], "off": [False], "both": [False, True]}[args.compile]
+    rows = []
+    for compiled in modes:
+        for policy, (factory, settings) in factories.items():
+            for ctx in args.contexts:
+                say(f"{'compiled' if compiled else 'eager'} {policy} at context {ctx}...")
+                rows.append(bench_engine(model, policy, factory, settings, ctx, prompt[:ctx],
+                                         args, compiled, device))
+    for r in rows:
+        r["bandwidth_fraction"] = r["bandwidth_gbs"] / bandwidth
+    add_overheads(rows)
+
+    notes, peer_rows = [], []
+    if args.peer:
+        import transformers
+        hf = hf_llama(peer_float_model(model, cfg, ckpt, dtype, device), dtype, device)
+        notes.append(f"peer: transformers {transformers.__version__} LlamaForCausalLM "
+                     f"({hf.config._attn_implementation} attention) holding the engine's weights; "
+                     f"model.generate(do_sample=False, min_new_tokens=max_new_tokens); decode "
+                     f"tokens/s = {args.new_tokens} / (time of {args.new_tokens + 1} new tokens "
+                     f"- time of 1), medians of {args.repeats}; ttft = time of 1 new token")
+        for policy, (_, settings) in factories.items():
+            for ctx in args.contexts:
+                say(f"transformers {policy} at context {ctx}...")
+                row, note = bench_peer(hf, policy, settings, ctx, prompt[:ctx], args, device)
+                if row:
+                    peer_rows.append(row)
+                elif note not in notes:
+                    notes.append(note)
+        add_peer_ratios(rows, peer_rows)
+
+    result = {
+        "machine": machine_info(device), "machine_bandwidth_gbs": bandwidth,
+        "model": {"checkpoint": str(ckpt), "source": cfg.get("source"), "dtype":
+                  str(dtype).removeprefix("torch."), "quantization": cfg.get("quantization"),
+                  "parameters": sum(p.numel() for p in model.parameters())},
+        "settings": {"new_tokens": args.new_tokens, "repeats": args.repeats,
+                     "contexts": args.contexts, "policies": args.cache},
+        "rows": rows, "peer_rows": peer_rows, "notes": notes,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_table(result)
+
+
+if __name__ == "__main__":
+    run(main)
