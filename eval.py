@@ -1,10 +1,15 @@
-"""Evaluate a model and cache policy: python eval.py ppl --text_file FILE [--cache POLICY].
+"""Evaluate a model and cache policies: streaming perplexity, passkey retrieval, sweeps.
 
-ppl: streaming perplexity (each token scored from the previous step's logits, before it enters
-the cache), on the embedded default model unless --checkpoint_path is given.
+    python eval.py ppl --corpus wiki --max_tokens 4000 --cache weightedkv --cache_size 256
+    python eval.py passkey --corpus wiki --lengths 512,1024 --cache full,weightedkv --cache_size 128
+    python eval.py sweep --config configs/results.toml [--render-only]
+
+ppl: every token is scored from the previous step's logits, before it enters the cache; on the
+embedded default model unless --checkpoint_path is given.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -17,35 +22,96 @@ from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_
 from engine.errors import UserError
 
 
+def comma_list(kind, what):
+    def parse(text: str) -> list:
+        try:
+            values = [kind(v) for v in text.split(",") if v.strip()]
+        except (ValueError, argparse.ArgumentTypeError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of "
+                                             f"{what}") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"empty list {text!r}")
+        return values
+    return parse
+
+
+def depth(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"depth {text} is not in [0, 1]")
+    return value
+
+
+def add_text_arguments(p, what: str) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--text_file", default=None, help=f"UTF-8 text {what}")
+    src.add_argument("--corpus", default=None,
+                     help="a corpus prepared by scripts/prepare_corpora.py: kjv, wiki")
+    p.add_argument("--corpus_dir", default=None, help="where corpora live (data/corpora)")
+
+
+def add_model_arguments(p) -> None:
+    p.add_argument("--checkpoint_path", default=None)
+    p.add_argument("--dtype", choices=list(DTYPES), default=None)
+    p.add_argument("--device", default=None)
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--json", action="store_true")
+
+
 def build_parser() -> Parser:
     p = Parser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    ppl = sub.add_parser("ppl", help="streaming perplexity of a text file")
-    ppl.error = p.error  # one-line errors for the subcommand too
-    ppl.add_argument("--checkpoint_path", default=None)
-    ppl.add_argument("--text_file", default=None, help="UTF-8 text to score")
+
+    ppl = sub.add_parser("ppl", help="streaming perplexity of a text")
+    add_text_arguments(ppl, "to score")
     ppl.add_argument("--max_tokens", type=positive_int, default=None,
-                     help="score the first N tokens of the file (N - 1 predictions)")
+                     help="score the first N tokens of the text (N - 1 predictions)")
     add_cache_arguments(ppl)
     ppl.add_argument("--seed", type=int, default=0, help="seeds CaM's random merges")
-    ppl.add_argument("--dtype", choices=list(DTYPES), default=None)
-    ppl.add_argument("--device", default=None)
-    ppl.add_argument("--compile", action="store_true")
-    ppl.add_argument("--json", action="store_true")
+    add_model_arguments(ppl)
     ppl.add_argument("--curve", default=None, help="write the running log-ppl per position (JSON)")
+
+    pk = sub.add_parser("passkey", help="passkey retrieval over lengths, depths and policies")
+    add_text_arguments(pk, "for the haystack")
+    pk.add_argument("--lengths", type=comma_list(positive_int, "token counts"),
+                    default=[512, 1024, 2048], help="prompt lengths in tokens, e.g. 512,1024")
+    pk.add_argument("--depths", type=comma_list(depth, "depths in [0, 1]"),
+                    default=[0.1, 0.5, 0.9], help="key depths as fractions of the haystack")
+    pk.add_argument("--trials", type=positive_int, default=5, help="random keys per depth")
+    pk.add_argument("--seed", type=int, default=0, help="seeds the keys and haystack offsets")
+    pk.add_argument("--cache", default="full",
+                    help="comma-separated policies (NAME or NAME+int8), e.g. full,weightedkv")
+    pk.add_argument("--cache_size", type=comma_list(positive_int, "sizes"), default=[256],
+                    help="comma-separated budgets of the compressing policies")
+    pk.add_argument("--new_tokens", type=positive_int, default=8)
+    pk.add_argument("--batch_size", type=positive_int, default=None,
+                    help="at most this many prompts per batch (default: trials x depths)")
+    add_model_arguments(pk)
+    pk.add_argument("--out", default=None, help="append each cell to this JSONL (resumable)")
+    pk.add_argument("--plot", default=None,
+                    help="heat map PNG (default: --out with .png, when --out is given)")
+
+    sw = sub.add_parser("sweep", help="a resumable grid from a config file, rendered as "
+                                      "Markdown and PNG plots")
+    sw.add_argument("--config", required=True, help="TOML or JSON (see configs/results.toml)")
+    sw.add_argument("--out", default=None, help="output directory (overrides out_dir)")
+    sw.add_argument("--render-only", dest="render_only", action="store_true",
+                    help="re-render the report and plots from the JSONL, run nothing")
+    for s in (ppl, pk, sw):
+        s.error = p.error  # one-line errors for the subcommands too
     return p
 
 
-def read_text(path: str) -> str:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"--text_file {path!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read --text_file {path!r}: {e}") from None
-    if not text.strip():
-        raise UserError(f"--text_file {path!r} is empty")
-    return text
+def load_text(args) -> tuple[str, str]:
+    """(text, its name) from --text_file or --corpus."""
+    from engine.evaluation import corpus_path, read_text
+    if args.corpus is not None:
+        path = corpus_path(args.corpus, args.corpus_dir)
+        return read_text(path, f"corpus {args.corpus}"), args.corpus
+    if args.text_file is None:
+        raise UserError("pass --corpus NAME (kjv, wiki; see scripts/prepare_corpora.py) or "
+                        "--text_file FILE")
+    return read_text(args.text_file), args.text_file
 
 
 def ppl_main(args) -> None:
@@ -53,26 +119,25 @@ def ppl_main(args) -> None:
 
     from engine.checkpoint import load_model
     from engine.default_model import default_checkpoint
-    from engine.evaluation import score_step, streaming_perplexity
+    from engine.evaluation import (compile_step, encode_prefix, score_step, streaming_perplexity,
+                                   warmup)
     from engine.tokenizer import load_tokenizer
 
     if args.list_caches:
         print(list_caches())
         return
-    if args.text_file is None:
-        raise UserError("pass --text_file FILE (e.g. a corpus from scripts/prepare_corpora.py)")
     make_cache = cache_factory_from_args(args, seed=args.seed)
-    text = read_text(args.text_file)
+    text, source = load_text(args)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     ckpt = args.checkpoint_path or default_checkpoint()
     tokenizer = load_tokenizer(ckpt)
-    ids = tokenizer.encode(text)
-    if args.max_tokens is not None:
-        if len(ids) < args.max_tokens:
-            raise UserError(f"{args.text_file} has only {len(ids)} tokens, fewer than "
-                            f"--max_tokens {args.max_tokens}; lower --max_tokens or use a longer text")
-        ids = ids[: args.max_tokens]
+    ids = encode_prefix(tokenizer, text, args.max_tokens)
+    if args.max_tokens is not None and len(ids) < args.max_tokens:
+        raise UserError(f"{source} has only {len(ids)} tokens, fewer than --max_tokens "
+                        f"{args.max_tokens}; lower --max_tokens or use a longer text")
+    if len(ids) < 2:
+        raise UserError(f"{source} has {len(ids)} token(s); perplexity needs at least 2")
     model = load_model(ckpt, device=device, dtype=dtype)
     context = model.args.max_position_embeddings
     if len(ids) > context and (args.cache == "full" or args.positions == "original"):
@@ -81,7 +146,10 @@ def ppl_main(args) -> None:
                         f"compressing --cache")
     with torch.device(device):
         model.setup_caches(1, max(len(ids), cache_slots(args)), make_cache)
-    step = torch.compile(score_step, fullgraph=True) if args.compile else score_step
+    step, compile_s = score_step, 0.0
+    if args.compile:
+        step = compile_step(score_step, model)
+        compile_s = warmup(model, step, 1)
 
     bar = tqdm(total=len(ids) - 1, unit="tok", disable=args.json or not sys.stderr.isatty())
 
@@ -97,10 +165,12 @@ def ppl_main(args) -> None:
            "cache": args.cache, "cache_size": args.cache_size if args.cache != "full" else None,
            "kv_middle": args.kv_middle, "positions": args.positions,
            "cache_bytes": cache_bytes, "tokens_per_s": result.tokens_per_s,
-           "dtype": str(dtype).removeprefix("torch."), "text_file": args.text_file}
+           "compile_s": compile_s, "dtype": str(dtype).removeprefix("torch."),
+           "corpus": args.corpus, "text_file": args.text_file}
     if args.curve:
-        Path(args.curve).write_text(json.dumps({"position": list(range(1, len(ids))),
-                                                "log_ppl": result.curve}))
+        from engine.sweep import write_atomic
+        write_atomic(Path(args.curve), json.dumps({"position": list(range(1, len(ids))),
+                                                   "log_ppl": result.curve}))
     if args.json:
         print(json.dumps(out))
     else:
@@ -108,10 +178,65 @@ def ppl_main(args) -> None:
               f"{args.cache} {cache_bytes / 2**20:.1f} MiB, {result.tokens_per_s:.1f} tokens/s")
 
 
+def passkey_main(args) -> None:
+    from engine import plots
+    from engine.sweep import (PasskeyConfig, ResultStore, _setup, check_passkey_prompts,
+                              expand_full, parse_policy, passkey_accuracy, passkey_table,
+                              run_passkey_grid)
+
+    specs = [parse_policy(name.strip(), "--cache") for name in args.cache.split(",")
+             if name.strip()]
+    if not specs:
+        raise UserError("--cache needs at least one policy")
+    for spec in specs:
+        for size in args.cache_size:
+            spec.factory(size, args.seed)
+    pk = PasskeyConfig(lengths=args.lengths, depths=args.depths, trials=args.trials,
+                       seed=args.seed, corpus=args.corpus, text_file=args.text_file,
+                       policies=specs, cache_sizes=args.cache_size, new_tokens=args.new_tokens,
+                       batch_size=args.batch_size or 0)
+    text, _ = load_text(args)
+    device, dtype, ckpt, tokenizer, load = _setup(args)
+    check_passkey_prompts(tokenizer, pk, text)
+    store = ResultStore(args.out) if args.out else None
+    base = {"checkpoint": ckpt, "dtype": str(dtype).removeprefix("torch."),
+            "device": device.type, "compile": args.compile, "seed": args.seed}
+    fresh = []
+    run_passkey_grid(load(), tokenizer, pk, store, base, haystack_text=text,
+                     compile=args.compile, on_cell=fresh.append)
+    rows = store.rows() if store is not None else fresh
+    labels = [s.label for s in specs]
+    acc = expand_full(passkey_accuracy(rows, labels, [None] + args.cache_size, args.lengths,
+                                       args.depths), args.cache_size)
+    plot = args.plot or (str(Path(args.out).with_suffix(".png")) if args.out else None)
+    if plot:
+        plots.passkey_heatmaps(acc, labels, args.cache_size, args.lengths, args.depths, plot)
+    if args.json:
+        for row in rows:
+            if row.get("key", {}).get("kind") == "passkey" and row.get("label") in labels:
+                print(json.dumps({k: row[k] for k in ("label", "cache_size", "length",
+                                                      "accuracy", "by_depth", "cache_bytes")}))
+    else:
+        print("\n".join(passkey_table(acc, labels, args.cache_size, args.lengths, args.depths)))
+
+
+def sweep_main(args) -> None:
+    from engine.sweep import load_config, render, run_sweep
+    cfg = load_config(args.config, out_dir=args.out)
+    if args.render_only:
+        if not (cfg.out_dir / "results.jsonl").exists():
+            raise UserError(f"no results to render: {cfg.out_dir / 'results.jsonl'} does not "
+                            f"exist (run the sweep first)")
+        render(cfg)
+        return
+    summary = run_sweep(cfg)
+    print(json.dumps({k: summary[k] for k in ("cells_run", "cells_skipped", "scored_tokens",
+                                              "passkey_cells", "wall_s", "tokens_per_s")}))
+
+
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
-    if args.command == "ppl":
-        ppl_main(args)
+    {"ppl": ppl_main, "passkey": passkey_main, "sweep": sweep_main}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,29 @@
-"""Streaming perplexity (DESIGN-NOTES section 4).
+"""Streaming perplexity (DESIGN-NOTES section 4), one stream or a batch of them.
 
 The text streams through the decode step one token at a time, exactly as generation sees it:
 token t is scored from the logits of step t - 1, before it enters the cache. With `full` this
 equals teacher-forced perplexity; with a compressing cache it measures what the policy keeps.
+
+Independent streams of equal length share one batched decode step (batch row = stream); every
+cache keeps per-row state, so each row scores exactly as it would alone.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass
-from typing import Optional
+from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from engine.errors import UserError
 from model import Transformer
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS_DIR = ROOT / "data" / "corpora"
+CORPUS_NAMES = ("kjv", "wiki")  # what scripts/prepare_corpora.py writes (tested to agree)
 
 
 def score_step(model: Transformer, token: Tensor, input_pos: Tensor, target: Tensor) -> Tensor:
@@ -24,36 +32,128 @@ def score_step(model: Transformer, token: Tensor, input_pos: Tensor, target: Ten
     return -torch.log_softmax(logits, dim=-1).gather(-1, target.view(-1, 1)).view(-1)
 
 
+def compile_step(fn, model: Transformer):
+    """Compile a decode-style step for the model's device: the engine's own recipe when it has
+    one (engine.generation.compile_decode), else a fullgraph torch.compile."""
+    from engine import generation
+    if hasattr(generation, "compile_decode"):
+        return generation.compile_decode(fn, model)
+    mode = "reduce-overhead" if model.output.weight.device.type == "cuda" else None
+    return torch.compile(fn, mode=mode, fullgraph=True)
+
+
+@torch.inference_mode()
+def warmup(model: Transformer, step, batch_size: int) -> float:
+    """Run (compile) the step twice so timings exclude compilation; caches are reset after."""
+    dev = model.output.weight.device
+    t0 = time.perf_counter()
+    token = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
+    for t in range(2):
+        step(model, token, torch.tensor([t], device=dev), token.view(-1))
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    model.reset_caches()
+    return time.perf_counter() - t0
+
+
 @dataclass
 class PerplexityResult:
     nll: float
     ppl: float
     tokens: int          # scored tokens (ids - 1)
-    seconds: float
+    seconds: float       # wall time of the (possibly batched) run this stream was part of
     curve: list          # running log-perplexity after each scored token
+    nlls: list           # the NLL of each scored token (token t + 1 from step t)
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-@torch.inference_mode()
 def streaming_perplexity(model: Transformer, ids: list, step=score_step,
-                         progress: Optional[callable] = None) -> PerplexityResult:
-    """ids: token ids of the text; caches must be set up (batch 1). step may be compiled."""
-    if len(ids) < 2:
-        raise UserError(f"the text has {len(ids)} token(s); perplexity needs at least 2")
+                         progress: Optional[Callable] = None) -> PerplexityResult:
+    """ids: token ids of the text; caches must be set up with batch 1. step may be compiled."""
+    return batched_streaming_perplexity(model, [ids], step, progress)[0]
+
+
+@torch.inference_mode()
+def batched_streaming_perplexity(model: Transformer, streams: list, step=score_step,
+                                 progress: Optional[Callable] = None) -> list:
+    """streams: B token-id lists of equal length; caches must be set up with batch B.
+
+    progress(n, nlls) is called after every step with n scored positions and nlls [n, B]."""
+    B = len(streams)
+    n = len(streams[0]) if streams else 0
+    if B == 0 or any(len(s) != n for s in streams):
+        raise UserError("batched perplexity needs one or more streams of equal length "
+                        f"(got lengths {sorted({len(s) for s in streams})})")
+    if n < 2:
+        raise UserError(f"the text has {n} token(s); perplexity needs at least 2")
     device = model.output.weight.device
-    ids_t = torch.tensor(ids, device=device)
+    # [n, B] so that every step's tokens are one contiguous row (compiled graphs guard strides)
+    ids_t = torch.tensor(streams, device=device).T.contiguous()
     model.reset_caches()
-    nlls = torch.empty(len(ids) - 1, device=device)
+    nlls = torch.empty(n - 1, B, device=device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    for t in range(len(ids) - 1):
-        nlls[t] = step(model, ids_t[t].view(1, 1), ids_t[t].new_tensor([t]), ids_t[t + 1])[0]
+    for t in range(n - 1):
+        # the NLL of token t + 1 comes from step t's logits, before t + 1 enters the cache
+        nlls[t] = step(model, ids_t[t].view(B, 1), ids_t.new_tensor([t]), ids_t[t + 1])
         if progress is not None:
             progress(t + 1, nlls[: t + 1])
-    curve = (nlls.double().cumsum(0) / torch.arange(1, len(ids), device=device)).tolist()
+    curves = (nlls.double().cumsum(0)
+              / torch.arange(1, n, device=device, dtype=torch.float64).view(-1, 1)).T.tolist()
     seconds = time.perf_counter() - t0
-    nll = curve[-1]
-    return PerplexityResult(nll=nll, ppl=math.exp(nll), tokens=len(ids) - 1, seconds=seconds,
-                            curve=curve)
+    return [PerplexityResult(nll=c[-1], ppl=math.exp(c[-1]), tokens=n - 1, seconds=seconds,
+                             curve=c, nlls=row) for c, row in zip(curves, nlls.T.tolist())]
+
+
+def corpus_path(name: str, corpus_dir=None) -> Path:
+    """data/corpora/NAME.txt (or NAME.txt in corpus_dir), with a clear error when absent."""
+    directory = Path(corpus_dir) if corpus_dir is not None else CORPUS_DIR
+    path = directory / f"{name}.txt"
+    if path.is_file():
+        return path
+    if name in CORPUS_NAMES:
+        out = f" --out {directory}" if corpus_dir is not None else ""
+        raise UserError(f"corpus {name!r} is not prepared ({path} is missing); run "
+                        f"`python scripts/prepare_corpora.py{out}`")
+    raise UserError(f"unknown corpus {name!r}; choose one of {', '.join(CORPUS_NAMES)} "
+                    f"(or put NAME.txt in {directory})")
+
+
+def read_text(path, what: str = "--text_file") -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{what} {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {what} {str(path)!r}: {e}") from None
+    if not text.strip():
+        raise UserError(f"{what} {str(path)!r} is empty")
+    return text
+
+
+def encode_prefix(tokenizer, text: str, max_tokens: Optional[int]) -> list:
+    """The first max_tokens ids of the whole text's encoding (all of them if None), without
+    tokenizing a million-token book: encode a growing prefix until it has a margin of tokens
+    past max_tokens (the pre-tokenizer splits locally, so the kept ids cannot change)."""
+    if max_tokens is None:
+        return tokenizer.encode(text)
+    chars = 8 * max_tokens + 256
+    while chars < len(text):
+        ids = tokenizer.encode(text[:chars])
+        if len(ids) >= max_tokens + 64:
+            return ids[:max_tokens]
+        chars *= 2
+    return tokenizer.encode(text)[:max_tokens]
+
+
+def downsample_curve(curve: list, points: int = 256) -> dict:
+    """Running log-ppl at about `points` positions (always including the last), for storage."""
+    stride = max(1, math.ceil(len(curve) / points))
+    idx = list(range(stride - 1, len(curve), stride))
+    if idx[-1] != len(curve) - 1:
+        idx.append(len(curve) - 1)
+    return {"position": [i + 1 for i in idx], "log_ppl": [round(curve[i], 6) for i in idx]}

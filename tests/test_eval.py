@@ -5,9 +5,11 @@ import pytest
 import torch
 
 from caches import FullCache, make_cache_factory
-from conftest import DATA, run_cli
+from conftest import DATA, ROOT, run_cli, tiny_model
 from engine.checkpoint import load_model
-from engine.evaluation import streaming_perplexity
+from engine.errors import UserError
+from engine.evaluation import (CORPUS_NAMES, batched_streaming_perplexity, encode_prefix,
+                               streaming_perplexity)
 from engine.tokenizer import load_tokenizer
 
 
@@ -20,17 +22,66 @@ def model_and_ids(default_checkpoint):
 
 def test_streaming_protocol_scores_token_t_from_step_t_minus_1(model_and_ids):
     model, ids = model_and_ids
-    ids = ids[:128]
-    model.setup_caches(1, 128, FullCache)
+    ids = ids[:64]
+    model.setup_caches(1, 64, FullCache)
     with torch.inference_mode():
-        logits = model(torch.tensor([ids]), torch.arange(128))[0]
-    direct = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:])).item()
-    model.setup_caches(1, 128, FullCache)
+        logits = model(torch.tensor([ids]), torch.arange(64))[0]
+    # direct: one forward over all ids; the NLL of ids[t + 1] from the logits at t
+    direct = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:]),
+                                               reduction="none")
+    model.setup_caches(1, 64, FullCache)
     result = streaming_perplexity(model, ids)
-    assert result.tokens == 127
-    assert abs(result.nll - direct) < 1e-4
-    assert abs(result.curve[-1] - result.nll) < 1e-9 and len(result.curve) == 127
+    assert result.tokens == 63 and len(result.nlls) == 63 and len(result.curve) == 63
+    assert torch.allclose(torch.tensor(result.nlls), direct, atol=1e-4)
+    # an off-by-one (scoring ids[t] from the logits at t, or from t - 2) would not match
+    assert (direct[1:] - torch.tensor(result.nlls[:-1])).abs().max() > 1
+    assert abs(result.nll - direct.mean().item()) < 1e-5
+    assert abs(result.curve[-1] - result.nll) < 1e-9
+    assert abs(result.curve[9] - direct[:10].mean().item()) < 1e-5
     assert 1 < result.ppl < 200 and math.isclose(result.ppl, math.exp(result.nll))
+
+
+@pytest.mark.parametrize("policy,options", [("full", {}),
+                                            ("weightedkv", dict(cache_size=16, chunk=8)),
+                                            ("lagkv", dict(cache_size=24, chunk=8))])
+def test_batched_streams_score_as_they_would_alone(policy, options):
+    model = tiny_model()
+    g = torch.Generator().manual_seed(1)
+    streams = [torch.randint(0, 256, (72,), generator=g).tolist() for _ in range(3)]
+    model.setup_caches(3, 72, make_cache_factory(policy, **options))
+    batched = batched_streaming_perplexity(model, streams)
+    for stream, got in zip(streams, batched):
+        model.setup_caches(1, 72, make_cache_factory(policy, **options))
+        alone = streaming_perplexity(model, stream)
+        assert torch.allclose(torch.tensor(got.nlls), torch.tensor(alone.nlls), atol=1e-4)
+        assert got.tokens == alone.tokens == 71
+    # the rows differ (no row leaked into another)
+    assert len({round(r.nll, 4) for r in batched}) == 3
+
+
+def test_batched_streams_must_have_equal_length():
+    model = tiny_model()
+    model.setup_caches(2, 16, FullCache)
+    with pytest.raises(UserError, match="equal length"):
+        batched_streaming_perplexity(model, [[1, 2, 3], [1, 2]])
+
+
+def test_corpus_names_match_prepare_script():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("prepare_corpora",
+                                                  ROOT / "scripts" / "prepare_corpora.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert tuple(module.CORPORA) == CORPUS_NAMES
+
+
+def test_encode_prefix_equals_encoding_everything(default_checkpoint):
+    tok = load_tokenizer(default_checkpoint)
+    text = (DATA / "kjv_genesis_1_2.txt").read_text()
+    everything = tok.encode(text)
+    for n in (1, 100, 900, len(everything)):
+        assert encode_prefix(tok, text, n) == everything[:n]
+    assert encode_prefix(tok, text, len(everything) + 5) == everything
 
 
 def test_quantized_keeps_full_cache_perplexity(model_and_ids):
@@ -80,3 +131,24 @@ def test_eval_cli_json(tmp_path, default_checkpoint):
     curve = json.loads((tmp_path / "curve.json").read_text())
     assert len(curve["log_ppl"]) == 95 and abs(curve["log_ppl"][-1] - out["nll"]) < 1e-9
     assert text  # the excerpt is real text
+
+
+def test_eval_cli_corpus_errors(tmp_path, default_checkpoint):
+    def one_line(proc, needle):
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        lines = [l for l in proc.stderr.splitlines() if l.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+
+    ck = ("--checkpoint_path", default_checkpoint, "--corpus_dir", tmp_path)
+    one_line(run_cli("eval.py", "ppl", *ck, "--corpus", "nosuch"), "unknown corpus 'nosuch'")
+    one_line(run_cli("eval.py", "ppl", *ck, "--corpus", "kjv"), "prepare_corpora.py")
+    one_line(run_cli("eval.py", "ppl", *ck, "--corpus", "kjv", "--text_file", "x.txt"),
+             "not allowed with")
+    (tmp_path / "short.txt").write_text("In the beginning God created the heaven and the earth.")
+    one_line(run_cli("eval.py", "ppl", *ck, "--corpus", "short", "--max_tokens", "500"),
+             "fewer than --max_tokens 500")
+    (tmp_path / "blank.txt").write_text("\n\n")
+    one_line(run_cli("eval.py", "ppl", *ck, "--corpus", "blank"), "is empty")
+    (tmp_path / "locked.txt").mkdir()  # exists, but cannot be read as a file
+    one_line(run_cli("eval.py", "ppl", *ck, "--text_file", tmp_path / "locked.txt"),
+             "cannot read")

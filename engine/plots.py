@@ -1,0 +1,122 @@
+"""PNG plots of sweep results (matplotlib, Agg backend), each written atomically.
+
+Inputs are plain dicts built by engine.sweep from the JSONL rows, so plots can be redrawn
+from a results file alone.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display; must precede pyplot
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def save(fig, path) -> Path:
+    """Write the figure to a temporary sibling, then rename: never a half-written PNG."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def ppl_bars(ppl: dict, reference: dict, labels: list, sizes: list, corpora: list, path):
+    """ppl[(label, size, corpus)] -> ppl; reference[corpus] -> full-cache ppl (dashed line)."""
+    fig, axes = plt.subplots(1, len(corpora), figsize=((0.6 * len(labels) + 2) * len(corpora),
+                                                      4.2), squeeze=False)
+    width = 0.8 / max(1, len(sizes))
+    for ax, corpus in zip(axes[0], corpora):
+        for j, size in enumerate(sizes):
+            xs = [i + (j - (len(sizes) - 1) / 2) * width for i in range(len(labels))]
+            ys = [ppl.get((label, size, corpus), float("nan")) for label in labels]
+            ax.bar(xs, ys, width, label=f"cache {size}")
+        if corpus in reference:
+            ax.axhline(reference[corpus], color="k", ls="--", lw=1,
+                       label=f"full {reference[corpus]:.2f}")
+        finite = [v for (_, _, c), v in ppl.items() if c == corpus and v == v]
+        finite += [reference[corpus]] if corpus in reference else []
+        if finite:
+            lo, hi = min(finite), max(finite)
+            ax.set_ylim(lo - 0.15 * (hi - lo) - 0.01 * lo, hi + 0.1 * (hi - lo) + 0.01 * hi)
+        ax.set_xticks(range(len(labels)), labels, rotation=40, ha="right")
+        ax.set_title(f"streaming perplexity: {corpus}")
+        ax.set_ylabel("ppl")
+        ax.legend(fontsize=8)
+    return save(fig, path)
+
+
+def curves(curve: dict, labels: list, sizes: list, corpora: list, path):
+    """curve[(label, size, corpus)] -> {"position": [...], "log_ppl": [...]}; size None = full,
+    drawn in every panel as the reference (WeightedKV Fig. 4 style)."""
+    fig, axes = plt.subplots(len(corpora), len(sizes), figsize=(5.2 * len(sizes),
+                                                                3.6 * len(corpora)),
+                             squeeze=False)
+    for r, corpus in enumerate(corpora):
+        for c, size in enumerate(sizes):
+            ax = axes[r][c]
+            for label in labels:
+                data = curve.get((label, None, corpus)) or curve.get((label, size, corpus))
+                if data:
+                    ax.plot(data["position"], data["log_ppl"], lw=1.2, label=label,
+                            ls="--" if (label, None, corpus) in curve else "-")
+            ax.set_title(f"{corpus}, cache {size}")
+            ax.set_xlabel("position")
+            ax.set_ylabel("running log ppl")
+            ax.legend(fontsize=8)
+    return save(fig, path)
+
+
+def cache_bytes(nbytes: dict, labels: list, sizes: list, path):
+    """nbytes[(label, size)] -> bytes of one stream's cache; size None = full (one bar)."""
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(labels)), 4))
+    width = 0.8 / max(1, len(sizes))
+    for j, size in enumerate(sizes):
+        xs = [i + (j - (len(sizes) - 1) / 2) * width for i in range(len(labels))]
+        ys = [nbytes.get((label, size), nbytes.get((label, None), float("nan"))) / 2**20
+              for label in labels]
+        ax.bar(xs, ys, width, label=f"cache {size}")
+    ax.set_xticks(range(len(labels)), labels, rotation=40, ha="right")
+    ax.set_ylabel("cache MiB (one stream)")
+    ax.set_yscale("log")
+    ax.set_title("KV cache bytes per policy")
+    ax.legend(fontsize=8)
+    return save(fig, path)
+
+
+def passkey_heatmaps(acc: dict, labels: list, sizes: list, lengths: list, depths: list, path):
+    """acc[(label, size)][length][depth] -> accuracy in [0, 1]; one depth x length panel per
+    policy (rows) and budget (columns); missing cells are blank."""
+    import numpy as np
+
+    fig, axes = plt.subplots(len(labels), len(sizes), figsize=(1.1 * len(lengths) * len(sizes)
+                                                               + 1.5, 1.0 * len(depths)
+                                                               * len(labels) + 0.8),
+                             squeeze=False)
+    image = None
+    for r, label in enumerate(labels):
+        for c, size in enumerate(sizes):
+            ax = axes[r][c]
+            cell = acc.get((label, size), {})
+            grid = np.full((len(depths), len(lengths)), np.nan)
+            for j, length in enumerate(lengths):
+                for i, depth in enumerate(depths):
+                    v = cell.get(length, {}).get(depth)
+                    if v is not None:
+                        grid[i, j] = v
+                        ax.text(j, i, f"{v:.0%}", ha="center", va="center", fontsize=7)
+            image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+            ax.set_xticks(range(len(lengths)), [str(x) for x in lengths], fontsize=7)
+            ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
+            ax.set_title(f"{label} @ {size}", fontsize=8)
+            if c == 0:
+                ax.set_ylabel("depth", fontsize=7)
+            if r == len(labels) - 1:
+                ax.set_xlabel("length", fontsize=7)
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.6, label="passkey accuracy")
+    return save(fig, path)

@@ -1,0 +1,664 @@
+"""Resumable evaluation grids: policies x cache sizes x corpora (+ passkey retrieval).
+
+    python eval.py sweep --config configs/results.toml [--out DIR] [--render-only]
+
+Every finished cell is one JSONL line (`DIR/results.jsonl`), appended with a single write and
+fsync'ed, keyed by every setting that affects it; a rerun skips the cells it finds, and a line
+cut short by a crash is dropped. The corpora of one (policy, cache size) stream through one
+batched decode step. Then `DIR/report.md` and the PNG plots are rendered from the JSONL.
+
+Config (TOML or JSON), every key optional except `policies` and `corpora`:
+
+    out_dir = "results/NAME"        # default results/<config file stem>
+    checkpoint_path = "..."         # default: the embedded default model
+    dtype = "float32"   device = "cpu"   compile = true   seed = 0
+    max_tokens = 4000               # tokens per corpus (max_tokens - 1 scored)
+    corpora = ["wiki", "kjv"]       # data/corpora/NAME.txt (corpus_dir = "..." to move it)
+    cache_sizes = [256, 1024]       # `full` runs once per corpus, whatever the sizes
+    policies = ["full", "weightedkv", "weightedkv+int8", {cache = "a2sf", forgetting_factor = 0.1}]
+    curve_policies = ["weightedkv", "weightedkv-evict", "full"]
+    [passkey]                       # optional
+    corpus = "wiki"  lengths = [1024, 2048]  depths = [0.1, 0.5, 0.9]  trials = 5  seed = 0
+    cache_sizes = [...]  policies = [...]   # default: the top-level ones
+    new_tokens = 8  batch_size = 0          # 0: all trials x depths of a cell in one batch
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from engine.errors import UserError
+
+POLICY_KEYS = ("kv_middle", "positions", "sink", "window", "prefill_chunk", "forgetting_factor",
+               "merge_span", "lag", "lag_keep_ratio")
+TOP_KEYS = ("out_dir", "checkpoint_path", "dtype", "device", "compile", "seed", "max_tokens",
+            "corpora", "corpus_dir", "cache_sizes", "policies", "curve_policies", "passkey")
+PASSKEY_KEYS = ("corpus", "text_file", "lengths", "depths", "trials", "seed", "cache_sizes",
+                "policies", "new_tokens", "batch_size")
+DEFAULT_CURVE_POLICIES = ("weightedkv", "weightedkv-evict", "full")
+
+
+# ---------------------------------------------------------------------------------------------
+# Policies: "NAME", "NAME+int8" or a table {cache = "NAME", option = value, ...}
+
+@dataclass(frozen=True)
+class PolicySpec:
+    cache: str
+    options: tuple = ()  # sorted (name, value) pairs that differ from the defaults
+
+    @property
+    def label(self) -> str:
+        opts = dict(self.options)
+        text = self.cache + ("+int8" if opts.get("kv_middle") == "int8" else "")
+        rest = [f"{k}={v}" for k, v in self.options if k != "kv_middle"]
+        return text + (f"({','.join(rest)})" if rest else "")
+
+    @property
+    def is_full(self) -> bool:
+        return self.cache == "full"
+
+    def factory(self, cache_size: Optional[int], seed: int = 0):
+        from caches import DEFAULT_CHUNK, make_cache_factory
+        opts = dict(self.options)
+        common = dict(kv_middle=opts.pop("kv_middle", "model"),
+                      positions=opts.pop("positions", "original"))
+        if self.is_full:
+            region = [k for k in ("sink", "window", "prefill_chunk") if k in opts]
+            if region:
+                raise UserError(f"policy {self.label}: {', '.join(region)} apply to compressing "
+                                f"policies, not full")
+            return make_cache_factory("full", **common, **opts)
+        return make_cache_factory(self.cache, cache_size=cache_size, sink=opts.pop("sink", None),
+                                  window=opts.pop("window", None),
+                                  chunk=opts.pop("prefill_chunk", DEFAULT_CHUNK), seed=seed,
+                                  **common, **opts)
+
+    def slots(self, cache_size: int) -> int:
+        """Slots the cache holds (budget + prefill staging + spare): the RoPE table must cover
+        them in --positions cache mode."""
+        from caches import DEFAULT_CHUNK
+        return cache_size + dict(self.options).get("prefill_chunk", DEFAULT_CHUNK) + 1
+
+
+def parse_policy(entry, where: str) -> PolicySpec:
+    from caches import POLICIES
+    if isinstance(entry, str):
+        name, _, suffix = entry.partition("+")
+        if suffix not in ("", "int8"):
+            raise UserError(f"{where}: policy {entry!r}: the only suffix is +int8 "
+                            f"(an INT8 middle)")
+        opts = {"kv_middle": "int8"} if suffix else {}
+    elif isinstance(entry, dict):
+        opts = dict(entry)
+        name = opts.pop("cache", None)
+        if not isinstance(name, str):
+            raise UserError(f"{where}: a policy table needs cache = \"NAME\", got {entry!r}")
+        unknown = sorted(set(opts) - set(POLICY_KEYS))
+        if unknown:
+            raise UserError(f"{where}: policy {name!r} has unknown key(s) {', '.join(unknown)} "
+                            f"(known: cache, {', '.join(POLICY_KEYS)})")
+    else:
+        raise UserError(f"{where}: a policy is a name or a table, got {entry!r}")
+    if name not in POLICIES:
+        raise UserError(f"{where}: unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+    defaults = {"kv_middle": "model", "positions": "original"}
+    opts = {k: v for k, v in opts.items() if defaults.get(k, object()) != v}
+    return PolicySpec(name, tuple(sorted(opts.items())))
+
+
+# ---------------------------------------------------------------------------------------------
+# Config
+
+@dataclass
+class PasskeyConfig:
+    lengths: list
+    depths: list
+    trials: int = 5
+    seed: int = 0
+    corpus: Optional[str] = None
+    text_file: Optional[str] = None
+    policies: list = field(default_factory=list)
+    cache_sizes: list = field(default_factory=list)
+    new_tokens: int = 8
+    batch_size: int = 0
+
+
+@dataclass
+class SweepConfig:
+    path: Path
+    out_dir: Path
+    policies: list
+    corpora: list
+    cache_sizes: list = field(default_factory=lambda: [256])
+    max_tokens: int = 4000
+    checkpoint_path: Optional[str] = None
+    dtype: Optional[str] = None
+    device: Optional[str] = None
+    compile: bool = False
+    seed: int = 0
+    corpus_dir: Optional[str] = None
+    curve_policies: list = field(default_factory=lambda: list(DEFAULT_CURVE_POLICIES))
+    passkey: Optional[PasskeyConfig] = None
+
+
+def _check(cond: bool, where: str, message: str) -> None:
+    if not cond:
+        raise UserError(f"{where}: {message}")
+
+
+def _int_list(value, where, key, minimum=1) -> list:
+    _check(isinstance(value, list) and value and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in value),
+        where, f"{key} must be a non-empty list of integers >= {minimum}, got {value!r}")
+    return list(value)
+
+
+def _pos_int(value, where, key, minimum=1) -> int:
+    _check(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, where,
+           f"{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _policies(value, where) -> list:
+    _check(isinstance(value, list) and value, where, "policies must be a non-empty list")
+    specs = [parse_policy(v, where) for v in value]
+    seen = set()
+    for s in specs:
+        _check(s.label not in seen, where, f"policy {s.label} is listed twice")
+        seen.add(s.label)
+    return specs
+
+
+def load_config(path, out_dir=None) -> SweepConfig:
+    from engine.cli import DTYPES
+    path = Path(path)
+    where = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"config file {where!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read config {where!r}: {e}") from None
+    try:
+        if path.suffix == ".json":
+            raw = json.loads(text)
+        else:
+            import tomllib
+            raw = tomllib.loads(text)
+    except (ValueError, json.JSONDecodeError) as e:  # tomllib.TOMLDecodeError is a ValueError
+        raise UserError(f"cannot parse {where}: {str(e).splitlines()[0]}") from None
+    _check(isinstance(raw, dict), where, "the config must be a table/object")
+    unknown = sorted(set(raw) - set(TOP_KEYS))
+    _check(not unknown, where, f"unknown key(s) {', '.join(unknown)} (known: "
+                               f"{', '.join(TOP_KEYS)})")
+    _check("policies" in raw and "corpora" in raw, where, "needs policies and corpora")
+    corpora = raw["corpora"]
+    _check(isinstance(corpora, list) and corpora and all(isinstance(c, str) for c in corpora)
+           and len(set(corpora)) == len(corpora), where,
+           f"corpora must be a list of distinct names, got {corpora!r}")
+    cfg = SweepConfig(path=path, out_dir=Path(out_dir or raw.get("out_dir")
+                                              or Path("results") / path.stem),
+                      policies=_policies(raw["policies"], where), corpora=list(corpora))
+    if "cache_sizes" in raw:
+        cfg.cache_sizes = _int_list(raw["cache_sizes"], where, "cache_sizes", 2)
+    if "max_tokens" in raw:
+        cfg.max_tokens = _pos_int(raw["max_tokens"], where, "max_tokens", 2)
+    for key in ("checkpoint_path", "device", "corpus_dir"):
+        if key in raw:
+            _check(isinstance(raw[key], str), where, f"{key} must be a string")
+            setattr(cfg, key, raw[key])
+    if "dtype" in raw:
+        _check(raw["dtype"] in DTYPES, where, f"dtype must be one of {', '.join(DTYPES)}, "
+                                              f"got {raw['dtype']!r}")
+        cfg.dtype = raw["dtype"]
+    if "compile" in raw:
+        _check(isinstance(raw["compile"], bool), where, "compile must be true or false")
+        cfg.compile = raw["compile"]
+    if "seed" in raw:
+        cfg.seed = _pos_int(raw["seed"], where, "seed", 0)
+    if "curve_policies" in raw:
+        cfg.curve_policies = [parse_policy(p, where).label for p in raw["curve_policies"]]
+    if "passkey" in raw:
+        cfg.passkey = _passkey_config(raw["passkey"], cfg, f"{where} [passkey]")
+    # Every (policy, size) must build before anything runs: a bad cell fails now, not in hour 3.
+    for spec in cfg.policies:
+        for size in cfg.cache_sizes:
+            spec.factory(size, cfg.seed)
+    return cfg
+
+
+def _passkey_config(raw, cfg: SweepConfig, where: str) -> PasskeyConfig:
+    _check(isinstance(raw, dict), where, "must be a table")
+    unknown = sorted(set(raw) - set(PASSKEY_KEYS))
+    _check(not unknown, where, f"unknown key(s) {', '.join(unknown)} (known: "
+                               f"{', '.join(PASSKEY_KEYS)})")
+    _check("lengths" in raw, where, "needs lengths")
+    depths = raw.get("depths", [0.1, 0.5, 0.9])
+    _check(isinstance(depths, list) and depths and all(
+        isinstance(d, (int, float)) and not isinstance(d, bool) and 0 <= d <= 1 for d in depths),
+        where, f"depths must be a list of numbers in [0, 1], got {depths!r}")
+    pk = PasskeyConfig(lengths=_int_list(raw["lengths"], where, "lengths", 16),
+                       depths=[float(d) for d in depths],
+                       trials=_pos_int(raw.get("trials", 5), where, "trials"),
+                       seed=_pos_int(raw.get("seed", 0), where, "seed", 0),
+                       new_tokens=_pos_int(raw.get("new_tokens", 8), where, "new_tokens"),
+                       batch_size=_pos_int(raw.get("batch_size", 0), where, "batch_size", 0))
+    _check(("corpus" in raw) != ("text_file" in raw), where, "give one of corpus or text_file")
+    pk.corpus, pk.text_file = raw.get("corpus"), raw.get("text_file")
+    pk.policies = _policies(raw["policies"], where) if "policies" in raw else cfg.policies
+    pk.cache_sizes = (_int_list(raw["cache_sizes"], where, "cache_sizes", 2)
+                      if "cache_sizes" in raw else cfg.cache_sizes)
+    for spec in pk.policies:
+        for size in pk.cache_sizes:
+            spec.factory(size, cfg.seed)
+    return pk
+
+
+# ---------------------------------------------------------------------------------------------
+# The results file
+
+def key_id(key: dict) -> str:
+    return json.dumps(key, sort_keys=True, separators=(",", ":"))
+
+
+class ResultStore:
+    """Append-only JSONL of finished cells; each row has a "key" dict of its settings."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def rows(self) -> list:
+        """Every complete row, in file order. A truncated last line (a crash mid-write) is cut
+        off the file, so the next append starts on a fresh line; unparsable lines are skipped."""
+        if not self.path.exists():
+            return []
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            with open(self.path, "r+b") as f:
+                f.truncate(keep)
+                os.fsync(f.fileno())
+            print(f"note: dropped a truncated last line of {self.path}", file=sys.stderr)
+            data = data[:keep]
+        out = []
+        for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                print(f"note: skipping unreadable line {n} of {self.path}", file=sys.stderr)
+                continue
+            if isinstance(row, dict):
+                out.append(row)
+        return out
+
+    def done(self) -> set:
+        return {key_id(r["key"]) for r in self.rows() if isinstance(r.get("key"), dict)}
+
+    def append(self, row: dict) -> None:
+        """One line, one write, then fsync: a crash leaves whole lines or one truncated tail."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = (json.dumps(row) + "\n").encode("utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def ids_sha1(ids: list) -> str:
+    return hashlib.sha1(json.dumps(ids).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _setup(cfg_like):
+    """(device, dtype, checkpoint path, model, tokenizer)."""
+    from engine.checkpoint import load_model
+    from engine.cli import resolve_device, resolve_dtype
+    from engine.default_model import default_checkpoint
+    from engine.tokenizer import load_tokenizer
+    device = resolve_device(cfg_like.device)
+    dtype = resolve_dtype(cfg_like.dtype, device)
+    ckpt = str(cfg_like.checkpoint_path or default_checkpoint())
+    tokenizer = load_tokenizer(ckpt)
+    return device, dtype, ckpt, tokenizer, lambda: load_model(ckpt, device=device, dtype=dtype)
+
+
+def _reset_compiler() -> None:
+    # Each cell builds new caches; a fresh dynamo state keeps recompiles under the cache limit.
+    import torch
+    torch._dynamo.reset()
+
+
+def run_sweep(cfg: SweepConfig) -> dict:
+    """Run every missing cell of cfg, append them to cfg.out_dir/results.jsonl, render the
+    report. Returns counts: cells_run, cells_skipped, scored_tokens, wall_s, tokens_per_s."""
+    import torch
+    from tqdm import tqdm
+
+    from engine.evaluation import (batched_streaming_perplexity, compile_step, corpus_path,
+                                   downsample_curve, encode_prefix, read_text, score_step,
+                                   warmup)
+
+    t_start = time.perf_counter()
+    # Fail on missing corpora before loading anything.
+    paths = {c: corpus_path(c, cfg.corpus_dir) for c in cfg.corpora}
+    device, dtype, ckpt, tokenizer, load = _setup(cfg)
+    dtype_name = str(dtype).removeprefix("torch.")
+    streams = {}
+    for c, p in paths.items():
+        ids = encode_prefix(tokenizer, read_text(p, f"corpus {c}"), cfg.max_tokens)
+        if len(ids) < cfg.max_tokens:
+            raise UserError(f"corpus {c} ({p}) has only {len(ids)} tokens, fewer than max_tokens "
+                            f"{cfg.max_tokens}; lower max_tokens or use a longer text")
+        streams[c] = ids
+    haystack = None
+    if cfg.passkey is not None:  # bad lengths or a short haystack fail now, not after the ppl
+        haystack = _haystack_text(cfg.passkey, cfg.corpus_dir)
+        check_passkey_prompts(tokenizer, cfg.passkey, haystack)
+    store = ResultStore(cfg.out_dir / "results.jsonl")
+    done = store.done()
+    base = {"checkpoint": ckpt, "dtype": dtype_name, "device": device.type,
+            "compile": cfg.compile, "seed": cfg.seed}
+
+    def cell_key(spec, size, corpus):
+        return {**base, "kind": "ppl", "max_tokens": cfg.max_tokens, "corpus": corpus,
+                "ids_sha1": ids_sha1(streams[corpus]), "policy": spec.cache,
+                "options": dict(spec.options), "cache_size": size}
+
+    groups = []  # (spec, size, corpora still to run)
+    for spec in cfg.policies:
+        for size in ([None] if spec.is_full else cfg.cache_sizes):
+            todo = [c for c in cfg.corpora if key_id(cell_key(spec, size, c)) not in done]
+            if todo:
+                groups.append((spec, size, todo))
+    n_cells = sum(len(g[2]) for g in groups)
+    skipped = sum(len(cfg.corpora) * (1 if s.is_full else len(cfg.cache_sizes))
+                  for s in cfg.policies) - n_cells
+    _log(f"sweep {cfg.path.name}: {n_cells} cell(s) to run, {skipped} already in {store.path}")
+
+    model = load() if groups or cfg.passkey else None
+    context = model.args.max_position_embeddings if model is not None else None
+    scored = cells_run = 0
+    for spec, size, todo in groups:
+        positions = dict(spec.options).get("positions", "original")
+        if cfg.max_tokens > context and (spec.is_full or positions == "original"):
+            raise UserError(f"max_tokens {cfg.max_tokens} exceeds the model's context of "
+                            f"{context} for {spec.label}")
+        name = spec.label + ("" if size is None else f"@{size}")
+        with torch.device(device):
+            model.setup_caches(len(todo), max(cfg.max_tokens, 0 if size is None
+                                              else spec.slots(size)), spec.factory(size, cfg.seed))
+        step, compile_s = score_step, 0.0
+        if cfg.compile:
+            _reset_compiler()
+            step = compile_step(score_step, model)
+            compile_s = warmup(model, step, len(todo))
+        bar = tqdm(total=cfg.max_tokens - 1, unit="tok", unit_scale=len(todo),
+                   desc=f"{name} [{','.join(todo)}]", leave=False,
+                   disable=not sys.stderr.isatty())
+
+        def progress(n, nlls):
+            if n % 64 == 0 or n == cfg.max_tokens - 1:
+                bar.update(n - bar.n)
+                bar.set_postfix(ppl=f"{math.exp(nlls.mean().item()):.2f}")
+
+        results = batched_streaming_perplexity(model, [streams[c] for c in todo], step, progress)
+        bar.close()
+        nbytes = sum(c.nbytes for c in model.caches()) // len(todo)
+        for corpus, r in zip(todo, results):
+            row = {"key": cell_key(spec, size, corpus), "label": spec.label,
+                   "policy": spec.cache, "cache_size": size, "corpus": corpus,
+                   "nll": r.nll, "ppl": r.ppl, "tokens": r.tokens, "cache_bytes": nbytes,
+                   "tokens_per_s": r.tokens * len(todo) / r.seconds,
+                   "stream_tokens_per_s": r.tokens_per_s, "batch": len(todo),
+                   "seconds": r.seconds, "compile_s": compile_s,
+                   "curve": downsample_curve(r.curve),
+                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            store.append(row)
+            cells_run += 1
+            scored += r.tokens
+            _log(f"[{cells_run}/{n_cells}] {name} {corpus}: ppl {r.ppl:.3f}, "
+                 f"{nbytes / 2**20:.2f} MiB, {row['tokens_per_s']:.1f} tok/s (batch {len(todo)})")
+
+    pk_cells = pk_tokens = 0
+    if cfg.passkey is not None:
+        pk_cells, pk_tokens = run_passkey_grid(
+            model, tokenizer, cfg.passkey, store, base,
+            haystack_text=haystack, compile=cfg.compile)
+    wall = time.perf_counter() - t_start
+    summary = {"kind": "run", "config": str(cfg.path), "cells_run": cells_run,
+               "cells_skipped": skipped, "scored_tokens": scored, "passkey_cells": pk_cells,
+               "passkey_tokens": pk_tokens, "wall_s": round(wall, 3),
+               "tokens_per_s": scored / wall if wall else 0.0, **base,
+               "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if cells_run or pk_cells:
+        store.append(summary)
+    _log(f"sweep throughput: {scored} scored tokens in {wall:.1f} s wall = "
+         f"{summary['tokens_per_s']:.1f} tokens/s ({cells_run} ppl cells, {pk_cells} passkey "
+         f"cells, {skipped} skipped)")
+    render(cfg)
+    return summary
+
+
+def _haystack_text(pk: PasskeyConfig, corpus_dir) -> str:
+    from engine.evaluation import corpus_path, read_text
+    if pk.corpus is not None:
+        return read_text(corpus_path(pk.corpus, corpus_dir), f"corpus {pk.corpus}")
+    return read_text(pk.text_file)
+
+
+def check_passkey_prompts(tokenizer, pk: PasskeyConfig, haystack_text: str) -> None:
+    from engine.evaluation import encode_prefix
+    from engine.passkey import build_cell_prompts
+    pool = encode_prefix(tokenizer, haystack_text, 4 * max(pk.lengths))
+    for length in pk.lengths:
+        build_cell_prompts(tokenizer, pool, length, pk.depths[:1], 1, pk.seed, max(pk.lengths))
+
+
+def run_passkey_grid(model, tokenizer, pk: PasskeyConfig, store: Optional[ResultStore],
+                     base: dict, haystack_text: str, compile: bool = False,
+                     on_cell=None) -> tuple:
+    """Run every missing (policy, size, length) cell, all trials x depths batched; append each
+    to store (if given) and pass it to on_cell. Returns (cells run, prompt + new tokens)."""
+    from engine.evaluation import encode_prefix
+    from engine.passkey import build_cell_prompts, run_cell
+
+    longest = max(pk.lengths)
+    pool = encode_prefix(tokenizer, haystack_text, 4 * longest)
+    done = store.done() if store is not None else set()
+    haystack = pk.corpus or pk.text_file
+
+    def cell_key(spec, size, length):
+        return {**base, "kind": "passkey", "haystack": haystack, "haystack_sha1": ids_sha1(pool),
+                "policy": spec.cache, "options": dict(spec.options), "cache_size": size,
+                "length": length, "depths": pk.depths, "trials": pk.trials,
+                "passkey_seed": pk.seed, "new_tokens": pk.new_tokens}
+
+    todo = [(spec, size, length) for spec in pk.policies
+            for size in ([None] if spec.is_full else pk.cache_sizes) for length in pk.lengths
+            if key_id(cell_key(spec, size, length)) not in done]
+    _log(f"passkey: {len(todo)} cell(s) to run")
+    n_tokens = 0
+    for i, (spec, size, length) in enumerate(todo, 1):
+        prompts = build_cell_prompts(tokenizer, pool, length, pk.depths, pk.trials, pk.seed,
+                                     longest)
+        if compile:
+            _reset_compiler()
+        result = run_cell(model, tokenizer, spec.factory(size, base.get("seed", 0)), prompts,
+                          pk.new_tokens, compile=compile, batch_size=pk.batch_size or None)
+        row = {"key": cell_key(spec, size, length), "label": spec.label, "policy": spec.cache,
+               "cache_size": size, "length": length, **result,
+               "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        if store is not None:
+            store.append(row)
+        if on_cell is not None:
+            on_cell(row)
+        n_tokens += len(prompts) * (length + pk.new_tokens)
+        name = spec.label + ("" if size is None else f"@{size}")
+        _log(f"[passkey {i}/{len(todo)}] {name} L={length}: accuracy {result['accuracy']:.0%} "
+             f"({' '.join(f'{d}:{a:.0%}' for d, a in result['by_depth'].items())}), "
+             f"{result['seconds']:.1f} s")
+    return len(todo), n_tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def passkey_accuracy(rows: list, labels, sizes, lengths, depths) -> dict:
+    """{(label, size): {length: {depth: accuracy}}} from passkey rows (last row wins)."""
+    acc = {}
+    for r in rows:
+        if r.get("key", {}).get("kind") != "passkey" or r["label"] not in labels:
+            continue
+        if r["cache_size"] not in sizes or r["length"] not in lengths:
+            continue
+        cell = acc.setdefault((r["label"], r["cache_size"]), {}).setdefault(r["length"], {})
+        for d, a in r["by_depth"].items():
+            if float(d) in depths:
+                cell[float(d)] = a
+    return acc
+
+
+def expand_full(acc: dict, sizes: list) -> dict:
+    """`full` ignores the budget: show its row under every size."""
+    out = dict(acc)
+    for (label, size), v in acc.items():
+        if size is None:
+            for s in sizes:
+                out.setdefault((label, s), v)
+    return out
+
+
+def render(cfg: SweepConfig) -> list:
+    """Markdown table + PNG plots from the JSONL rows that match cfg. Returns written paths."""
+    from engine import plots
+
+    store = ResultStore(cfg.out_dir / "results.jsonl")
+    rows = store.rows()
+    labels = [s.label for s in cfg.policies]
+    ppl_rows = {}
+    for r in rows:
+        k = r.get("key", {})
+        if (k.get("kind") == "ppl" and r.get("label") in labels and r.get("corpus") in cfg.corpora
+                and k.get("max_tokens") == cfg.max_tokens
+                and (r.get("cache_size") is None or r.get("cache_size") in cfg.cache_sizes)):
+            ppl_rows[(r["label"], r["cache_size"], r["corpus"])] = r  # last row wins
+    runs = [r for r in rows if r.get("kind") == "run"]
+    written = []
+    sizes = cfg.cache_sizes
+
+    def cell(label, size, corpus):
+        return ppl_rows.get((label, size, corpus)) or ppl_rows.get((label, None, corpus))
+
+    reference = {c: ppl_rows[(lb, None, c)]["ppl"] for lb in labels for c in cfg.corpora
+                 if lb == "full" and (lb, None, c) in ppl_rows}
+    lines = [f"# Sweep: {cfg.path.name}", ""]
+    any_row = next(iter(ppl_rows.values()), None)
+    if any_row:
+        k = any_row["key"]
+        lines += [f"Checkpoint `{Path(k['checkpoint']).name}`, {k['dtype']}, {k['device']}, "
+                  f"compile {'on' if k['compile'] else 'off'}; streaming perplexity over the "
+                  f"first {cfg.max_tokens} tokens of each corpus ({cfg.max_tokens - 1} scored). "
+                  f"Cache MiB: one stream's cache. tok/s: scored tokens per second of the "
+                  f"batched step (all corpora of a cell group in one batch). `full` keeps every "
+                  f"token whatever the size (the reference row); Δ is relative to it.", ""]
+    head = ["policy"]
+    for c in cfg.corpora:
+        for s in sizes:
+            head += [f"{c} {s} ppl", f"{c} {s} MiB", f"{c} {s} tok/s"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label in labels:
+        cells = [label]
+        for c in cfg.corpora:
+            for s in sizes:
+                r = cell(label, s, c)
+                if r is None:
+                    cells += ["-", "-", "-"]
+                    continue
+                delta = (f" ({(r['ppl'] / reference[c] - 1) * 100:+.2f}%)"
+                         if c in reference and label != "full" else "")
+                cells += [f"{r['ppl']:.3f}{delta}", f"{r['cache_bytes'] / 2**20:.2f}",
+                          f"{r['tokens_per_s']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    if runs:
+        last = runs[-1]
+        total_tokens = sum(r.get("scored_tokens", 0) for r in runs)
+        total_wall = sum(r.get("wall_s", 0) for r in runs)
+        lines += ["", f"Sweep throughput: last run {last['scored_tokens']} scored tokens in "
+                      f"{last['wall_s']:.1f} s wall = {last['tokens_per_s']:.1f} tokens/s "
+                      f"({last['cells_run']} cells run, {last['cells_skipped']} resumed); all "
+                      f"{len(runs)} run(s): {total_tokens} tokens in {total_wall:.1f} s."]
+
+    if ppl_rows:
+        ppl = {(lb, s, c): r["ppl"] for (lb, s, c), r in ppl_rows.items() if s is not None}
+        bar_labels = [lb for lb in labels if lb != "full"]
+        written.append(plots.ppl_bars(ppl, reference, bar_labels, sizes, cfg.corpora,
+                                      cfg.out_dir / "ppl.png"))
+        curve_labels = [lb for lb in cfg.curve_policies if lb in labels]
+        curves = {k: r["curve"] for k, r in ppl_rows.items() if k[0] in curve_labels}
+        written.append(plots.curves(curves, curve_labels, sizes, cfg.corpora,
+                                    cfg.out_dir / "curves.png"))
+        nbytes = {(lb, s): r["cache_bytes"] for (lb, s, c), r in ppl_rows.items()}
+        written.append(plots.cache_bytes(nbytes, labels, sizes, cfg.out_dir / "cache_bytes.png"))
+        lines += ["", "![ppl](ppl.png)", "", "![running log-ppl](curves.png)", "",
+                  "![cache bytes](cache_bytes.png)"]
+
+    pk = cfg.passkey
+    if pk is not None:
+        pk_labels = [s.label for s in pk.policies]
+        acc = expand_full(passkey_accuracy(rows, pk_labels, [None] + pk.cache_sizes, pk.lengths,
+                                           pk.depths), pk.cache_sizes)
+        if acc:
+            lines += ["", "## Passkey retrieval", "",
+                      f"Accuracy over {pk.trials} trial(s) per depth; haystack "
+                      f"`{pk.corpus or pk.text_file}`; greedy, {pk.new_tokens} new tokens.", ""]
+            lines += passkey_table(acc, pk_labels, pk.cache_sizes, pk.lengths, pk.depths)
+            written.append(plots.passkey_heatmaps(acc, pk_labels, pk.cache_sizes, pk.lengths,
+                                                  pk.depths, cfg.out_dir / "passkey.png"))
+            lines += ["", "![passkey](passkey.png)"]
+    report = cfg.out_dir / "report.md"
+    write_atomic(report, "\n".join(lines) + "\n")
+    written.append(report)
+    _log(f"wrote {', '.join(str(p) for p in written)}")
+    return written
+
+
+def passkey_table(acc: dict, labels, sizes, lengths, depths) -> list:
+    head = ["policy", "cache"] + [f"L={n} d={d:g}" for n in lengths for d in depths] + ["mean"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label in labels:
+        for size in sizes:
+            cell = acc.get((label, size))
+            if cell is None:
+                continue
+            vals = [cell.get(n, {}).get(d) for n in lengths for d in depths]
+            got = [v for v in vals if v is not None]
+            mean = f"{sum(got) / len(got):.0%}" if got else "-"
+            lines.append("| " + " | ".join([label, str(size)] + [
+                "-" if v is None else f"{v:.0%}" for v in vals] + [mean]) + " |")
+    return lines

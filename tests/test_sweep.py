@@ -1,0 +1,167 @@
+"""eval.py sweep: resumable JSONL, batched corpora, rendering; eval.py passkey end to end.
+
+Runs on a tiny random model that carries the default model's real tokenizer, so a whole grid
+takes seconds; the numbers are meaningless, the plumbing is what is tested."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from conftest import DATA, run_cli, tiny_model
+from engine.sweep import ResultStore, load_config, render, run_sweep
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, default_checkpoint):
+    from safetensors.torch import save_file
+    from engine.checkpoint import CONFIG_NAME, WEIGHTS_NAME, read_config
+
+    out = tmp_path_factory.mktemp("tiny_ckpt")
+    cfg = read_config(default_checkpoint)
+    model = tiny_model(vocab_size=cfg["model"]["vocab_size"], dim=32, n_head=2, n_kv_heads=1,
+                       head_dim=16, intermediate_size=64, n_layer=2, tie_embeddings=True,
+                       max_position_embeddings=1024)
+    cfg["model"].update({k: getattr(model.args, k) for k in cfg["model"]})
+    (out / CONFIG_NAME).write_text(json.dumps(cfg))
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "output.weight"}
+    save_file(state, str(out / WEIGHTS_NAME))
+    shutil.copy(default_checkpoint / cfg["tokenizer"]["file"], out / cfg["tokenizer"]["file"])
+    return out
+
+
+@pytest.fixture
+def corpora(tmp_path):
+    text = (DATA / "kjv_genesis_1_2.txt").read_text()
+    half = len(text) // 2
+    d = tmp_path / "corpora"
+    d.mkdir()
+    (d / "gen1.txt").write_text(text[:half])
+    (d / "gen2.txt").write_text(text[half:])
+    return d
+
+
+def write_config(tmp_path, checkpoint, corpus_dir, **extra):
+    cfg = {"out_dir": str(tmp_path / "out"), "checkpoint_path": str(checkpoint),
+           "corpus_dir": str(corpus_dir), "dtype": "float32", "device": "cpu",
+           "max_tokens": 40, "corpora": ["gen1", "gen2"], "cache_sizes": [16, 24],
+           "policies": ["full", "streaming", "weightedkv", "weightedkv-evict",
+                        "weightedkv+int8"],
+           "passkey": {"corpus": "gen1", "lengths": [96, 128], "depths": [0.0, 0.5, 1.0],
+                       "trials": 2, "policies": ["full", "weightedkv"], "cache_sizes": [16],
+                       "new_tokens": 4}}
+    cfg.update(extra)
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_sweep_resumes_and_renders(tmp_path, tiny_checkpoint, corpora):
+    cfg = load_config(write_config(tmp_path, tiny_checkpoint, corpora))
+    first = run_sweep(cfg)
+    # full once per corpus + 4 policies x 2 sizes x 2 corpora; passkey: full x 2 lengths +
+    # weightedkv x 1 size x 2 lengths
+    assert first["cells_run"] == 2 + 4 * 2 * 2 and first["cells_skipped"] == 0
+    assert first["passkey_cells"] == 4 and first["scored_tokens"] == 18 * 39
+    store = ResultStore(cfg.out_dir / "results.jsonl")
+    rows = [r for r in store.rows() if r.get("key", {}).get("kind") == "ppl"]
+    assert len(rows) == 18
+    by_cell = {(r["label"], r["cache_size"], r["corpus"]): r for r in rows}
+    assert by_cell[("full", None, "gen1")]["batch"] == 2
+    assert by_cell[("weightedkv+int8", 16, "gen1")]["cache_bytes"] < \
+        by_cell[("weightedkv", 16, "gen1")]["cache_bytes"]
+    curve = by_cell[("weightedkv", 24, "gen2")]["curve"]
+    assert curve["position"][-1] == 39 and abs(curve["log_ppl"][-1]
+                                               - by_cell[("weightedkv", 24, "gen2")]["nll"]) < 1e-5
+
+    # A rerun computes nothing.
+    again = run_sweep(cfg)
+    assert again["cells_run"] == 0 and again["passkey_cells"] == 0
+    assert again["cells_skipped"] == 18
+
+    # Drop one finished line and cut the last one short (a crash mid-write): exactly those two
+    # cells run again, and the file ends as whole lines.
+    lines = (cfg.out_dir / "results.jsonl").read_text().splitlines(keepends=True)
+    ppl_lines = [i for i, l in enumerate(lines) if '"kind": "ppl"' in l]
+    dropped = json.loads(lines[ppl_lines[3]])
+    last = lines[-1]
+    kept = [l for i, l in enumerate(lines) if i != ppl_lines[3]][:-1]
+    if json.loads(last).get("kind") == "run":  # cut a cell, not the run summary
+        kept = kept[:-1]
+        last = lines[-2]
+    (cfg.out_dir / "results.jsonl").write_text("".join(kept) + last[: len(last) // 2])
+    cut = json.loads(last)
+    resumed = run_sweep(cfg)
+    rerun = resumed["cells_run"] + resumed["passkey_cells"]
+    assert rerun == 2, resumed
+    rows = store.rows()
+    assert all(isinstance(r, dict) for r in rows)
+    assert (cfg.out_dir / "results.jsonl").read_bytes().endswith(b"\n")
+    keys = [json.dumps(r["key"], sort_keys=True) for r in rows if "key" in r]
+    for row in (dropped, cut):
+        assert keys.count(json.dumps(row["key"], sort_keys=True)) == 1
+
+    # Rendering: every cell in the table, valid PNGs.
+    for name in ("ppl.png", "curves.png", "cache_bytes.png", "passkey.png"):
+        data = (cfg.out_dir / name).read_bytes()
+        assert data.startswith(PNG) and len(data) > 1000, name
+    report = (cfg.out_dir / "report.md").read_text()
+    table = [l for l in report.splitlines() if l.startswith("| ")]
+    for label in ("full", "streaming", "weightedkv", "weightedkv-evict", "weightedkv+int8"):
+        row = next(l for l in table if l.startswith(f"| {label} |"))
+        assert row.count("|") == 2 + 2 * 2 * 3 and " - |" not in row, row
+    assert "Sweep throughput" in report and "Passkey retrieval" in report
+    assert not list(cfg.out_dir.glob(".*.tmp"))
+
+    # --render-only redraws from the JSONL alone.
+    (cfg.out_dir / "report.md").unlink()
+    proc = run_cli("eval.py", "sweep", "--config", cfg.path, "--render-only")
+    assert proc.returncode == 0, proc.stderr
+    assert (cfg.out_dir / "report.md").read_text() == report
+
+
+def test_sweep_config_errors(tmp_path, tiny_checkpoint, corpora):
+    def one_line(path, needle):
+        proc = run_cli("eval.py", "sweep", "--config", path)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        lines = [l for l in proc.stderr.splitlines() if l.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+
+    one_line(write_config(tmp_path, tiny_checkpoint, corpora, policies=["full", "nosuch"]),
+             "unknown policy 'nosuch'")
+    one_line(write_config(tmp_path, tiny_checkpoint, corpora, max_token=5), "unknown key(s)")
+    one_line(write_config(tmp_path, tiny_checkpoint, corpora,
+                          policies=[{"cache": "h2o", "merge_span": 3}]), "no option --merge_span")
+    one_line(write_config(tmp_path, tiny_checkpoint, corpora, policies=["cam+int8"]),
+             "--kv_middle int8")
+    one_line(write_config(tmp_path, tiny_checkpoint, corpora, corpora=["gen1", "missing"]),
+             "unknown corpus 'missing'")
+    one_line(write_config(tmp_path, tiny_checkpoint, corpora, max_tokens=100000),
+             "fewer than max_tokens")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("policies = [full\n")
+    one_line(bad, "cannot parse")
+    one_line(tmp_path / "none.toml", "does not exist")
+
+
+def test_passkey_cli(tmp_path, tiny_checkpoint, corpora):
+    out = tmp_path / "pk.jsonl"
+    args = ("eval.py", "passkey", "--checkpoint_path", tiny_checkpoint, "--corpus_dir", corpora,
+            "--corpus", "gen1", "--lengths", "96,112", "--depths", "0.2,0.8", "--trials", "2",
+            "--cache", "full,streaming", "--cache_size", "16", "--new_tokens", "3", "--json",
+            "--out", out)
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    cells = [json.loads(l) for l in proc.stdout.splitlines()]
+    assert {(c["label"], c["length"]) for c in cells} == {
+        (p, n) for p in ("full", "streaming") for n in (96, 112)}
+    assert all(set(c["by_depth"]) == {"0.2", "0.8"} for c in cells)
+    assert out.with_suffix(".png").read_bytes().startswith(PNG)
+    again = run_cli(*args)
+    assert again.returncode == 0 and "passkey: 0 cell(s) to run" in again.stderr
+    assert len(out.read_text().splitlines()) == 4
+    bad = run_cli("eval.py", "passkey", "--checkpoint_path", tiny_checkpoint, "--corpus_dir",
+                  corpora, "--corpus", "gen1", "--lengths", "5000")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "fewer" in bad.stderr
