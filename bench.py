@@ -80,7 +80,7 @@ def build_parser() -> Parser:
     return p
 
 
-def policy_factories(args) -> dict:
+def policy_factories(args, notes: list) -> dict:
     """policy -> (cache factory, settings): each cache flag goes to the policies it fits; a flag
     that fits none of the listed policies is an error (the factory's own message)."""
     from caches import POLICIES, policy_options
@@ -108,6 +108,16 @@ def policy_factories(args) -> dict:
         settings = {"cache_size": None if c == "full" else ns.cache_size,
                     "kv_middle": ns.kv_middle, "positions": ns.positions}
         out[c] = (cache_factory_from_args(ns), settings)
+    if "streaming" not in out and any(c not in ("full", "streaming") for c in out):
+        # The bookkeeping baseline: sink + window with the same budget, nothing scored or merged.
+        ns = argparse.Namespace(**vars(args))
+        ns.cache, ns.window, ns.kv_middle = "streaming", None, "model"
+        for o in POLICY_OPTIONS:
+            setattr(ns, o, None)
+        out["streaming"] = (cache_factory_from_args(ns), {
+            "cache_size": ns.cache_size, "kv_middle": "model", "positions": ns.positions})
+        notes.append("streaming added as the baseline of the per-policy bookkeeping cost "
+                     "(overhead_ms_per_token)")
     return out
 
 
@@ -126,7 +136,7 @@ def last_level_cache_bytes() -> int:
     return best or 32 * 2**20
 
 
-def machine_bandwidth_gbs(device: torch.device, trials: int = 10) -> float:
+def machine_bandwidth_gbs(device: torch.device, trials: int = 20) -> float:
     """Streaming-read bandwidth: best of `trials` full reductions of a buffer far larger than
     the last-level cache (CPU: 8x it, >= 256 MiB, same threads as decode; CUDA: 1 GiB)."""
     if device.type == "cuda":
@@ -190,8 +200,10 @@ def weight_bytes_per_token(model) -> int:
 
 
 def kv_bytes_per_token(model, filled: int) -> int:
-    """K/V bytes attention reads per decode step: the full cache's `filled` positions, or every
-    K/V buffer (and int8 scales) of a compressing cache, which attends over all its slots."""
+    """K/V bytes attention reads per decode step: the full cache's `filled` positions (its static
+    buffer's empty tail, masked, is not counted), or every K/V buffer (and int8 scales) of a
+    compressing cache, which attends over all its slots. Index maps and statistics are not
+    counted."""
     from caches import FullCache
     total = 0
     for cache in model.caches():
@@ -301,7 +313,7 @@ def hf_llama(model, dtype, device):
         head_dim=a.head_dim, rms_norm_eps=a.norm_eps, rope_parameters=rope,
         max_position_embeddings=a.max_position_embeddings, tie_word_embeddings=a.tie_embeddings,
         attention_bias=a.attention_bias, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    H, Hkv, D = a.n_head * a.head_dim, a.n_kv_heads * a.head_dim, a.head_dim
+    H, Hkv = a.n_head * a.head_dim, a.n_kv_heads * a.head_dim
     s = model.state_dict()
     state = {"model.embed_tokens.weight": s["tok_embeddings.weight"],
              "model.norm.weight": s["norm.weight"], "lm_head.weight": s["output.weight"]}
@@ -457,10 +469,12 @@ def main(argv=None) -> None:
     if args.list_caches:
         print(list_caches())
         return
-    factories = policy_factories(args)
+    notes = []
+    factories = policy_factories(args, notes)
+    transformers = None
     if args.peer == "transformers":
         try:
-            import transformers  # noqa: F401  (the benchmark's peer only; never the engine's)
+            import transformers  # the benchmark's peer only; the engine never imports it
         except ImportError:
             raise UserError(f"--peer transformers needs the transformers package: "
                             f"{PEER_INSTALL}") from None
@@ -499,9 +513,8 @@ def main(argv=None) -> None:
         r["bandwidth_fraction"] = r["bandwidth_gbs"] / bandwidth
     add_overheads(rows)
 
-    notes, peer_rows = [], []
-    if args.peer:
-        import transformers
+    peer_rows = []
+    if transformers is not None:
         hf = hf_llama(peer_float_model(model, cfg, ckpt, dtype, device), dtype, device)
         notes.append(f"peer: transformers {transformers.__version__} LlamaForCausalLM "
                      f"({hf.config._attn_implementation} attention) holding the engine's weights; "

@@ -1,24 +1,15 @@
 """bench.py end to end on the default model (tiny settings, no wall-clock assertions), its
 transformers peer as an outside witness of the greedy tokens, and generate.py --profile."""
 import json
-import subprocess
 import sys
 
 import pytest
 from safetensors import safe_open
 
-from conftest import ROOT, run_cli
+from conftest import run_cli
 from engine.checkpoint import read_config
 
 CONTEXT, NEW, CACHE_SIZE = 32, 4, 16
-
-
-def one_line_error(proc, needle):
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    assert needle in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -91,31 +82,81 @@ def test_profile_writes_a_chrome_trace_with_labels(default_checkpoint, tmp_path)
     assert names.count("prefill") == 1 and names.count("decode") == 2
 
 
+def in_process(script, argv, capsys):
+    """Run a CLI's main as `python script.py argv` would (the errors come before any model is
+    loaded, so there is no need for a subprocess); returns (exit status, stderr)."""
+    module = __import__(script)
+    with pytest.raises(SystemExit) as e:
+        module.run(lambda: module.main([str(a) for a in argv]))
+    return e.value.code, capsys.readouterr().err
+
+
+def assert_one_line_error(status, err, needle):
+    assert status == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert needle in lines[0], lines[0]
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--cache", "full,nosuch"], "unknown cache policy 'nosuch'"),
     (["--contexts", "256,0"], "--contexts"),
     (["--compile", "maybe"], "--compile"),
+    (["--cache", "full", "--kv_middle", "int8"], "--kv_middle int8 needs a policy with a middle"),
 ])
-def test_bad_arguments_are_one_line_errors(args, needle):
-    one_line_error(run_cli("bench.py", *args), needle)
+def test_bad_arguments_are_one_line_errors(args, needle, capsys):
+    assert_one_line_error(*in_process("bench", args, capsys), needle)
 
 
-def test_bad_profile_path_is_refused_before_generating(tmp_path):
-    one_line_error(run_cli("generate.py", "--profile", tmp_path), "is a directory")
-    one_line_error(run_cli("generate.py", "--profile", tmp_path / "no" / "t.json"),
-                   "does not exist")
+def test_bad_profile_path_is_refused_before_generating(tmp_path, capsys):
+    assert_one_line_error(*in_process("generate", ["--profile", tmp_path], capsys),
+                          "is a directory")
+    assert_one_line_error(*in_process("generate", ["--profile", tmp_path / "no" / "t.json"],
+                                      capsys), "does not exist")
 
 
-def test_context_beyond_the_model_is_a_user_error(default_checkpoint):
-    one_line_error(run_cli("bench.py", "--checkpoint_path", default_checkpoint, "--contexts",
-                           "8192", "--compile", "off"), "exceeds the model's 8192 positions")
+def test_context_beyond_the_model_is_a_user_error(default_checkpoint, capsys):
+    assert_one_line_error(*in_process("bench", ["--checkpoint_path", default_checkpoint,
+                                                "--contexts", "8192"], capsys),
+                          "exceeds the model's 8192 positions")
 
 
-def test_peer_without_transformers_names_the_install():
+def test_peer_without_transformers_names_the_install(monkeypatch, capsys):
     # A None entry in sys.modules makes `import transformers` fail as if it were not installed.
-    code = ("import runpy, sys; sys.modules['transformers'] = None; "
-            f"sys.argv = ['bench.py', '--peer', 'transformers']; "
-            f"runpy.run_path({str(ROOT / 'bench.py')!r}, run_name='__main__')")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300)
-    one_line_error(proc, "pip install transformers")
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    assert_one_line_error(*in_process("bench", ["--peer", "transformers"], capsys),
+                          "pip install transformers")
+
+
+def test_the_cli_itself_exits_2_with_one_line():
+    proc = run_cli("bench.py", "--contexts", "0")
+    assert "Traceback" not in proc.stderr
+    assert_one_line_error(proc.returncode, proc.stderr, "--contexts")
+
+
+def test_policy_overhead_is_measured_against_the_same_budget():
+    import bench
+    args = bench.build_parser().parse_args(["--cache", "full,weightedkv", "--kv_middle", "int8",
+                                            "--cache_size", "64"])
+    notes = []
+    factories = bench.policy_factories(args, notes)
+    # streaming joins as the baseline; --kv_middle reaches only the policy with a middle
+    assert list(factories) == ["full", "weightedkv", "streaming"] and notes
+    assert factories["full"][1] == {"cache_size": None, "kv_middle": "model", "positions": "original"}
+    assert factories["weightedkv"][1]["kv_middle"] == "int8"
+    assert factories["streaming"][1] == {"cache_size": 64, "kv_middle": "model",
+                                         "positions": "original"}
+
+    def row(policy, size, ctx, ms):
+        return dict(policy=policy, cache_size=size, context=ctx, compiled=False,
+                    decode_ms_per_token=ms)
+    rows = [row("full", None, 64, 10.0), row("full", None, 1024, 14.0),
+            row("streaming", 64, 1024, 11.0), row("weightedkv", 64, 1024, 12.5),
+            row("weightedkv", 64, 4096, 13.0)]
+    bench.add_overheads(rows)
+    over = {(r["policy"], r["context"]): (r["overhead_ms_per_token"], r["overhead_vs"])
+            for r in rows}
+    assert over[("weightedkv", 1024)] == (1.5, "streaming@1024")
+    assert over[("streaming", 1024)] == (1.0, "full@64")  # full holding the same 64 tokens
+    assert over[("weightedkv", 4096)] == (3.0, "full@64")
+    assert over[("full", 1024)] == (None, None)
