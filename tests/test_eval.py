@@ -1,5 +1,6 @@
 """Streaming perplexity: the protocol (token t scored from step t - 1) and eval.py's errors."""
 import math
+import re
 
 import pytest
 import torch
@@ -133,22 +134,27 @@ def test_eval_cli_json(tmp_path, default_checkpoint):
     assert text  # the excerpt is real text
 
 
-def test_eval_cli_corpus_errors(tmp_path, default_checkpoint):
-    def one_line(proc, needle):
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-        lines = [l for l in proc.stderr.splitlines() if l.strip()]
-        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+def test_eval_cli_corpus_errors(tmp_path, default_checkpoint, capsys):
+    from eval import main
+    ck = ["--checkpoint_path", str(default_checkpoint), "--corpus_dir", str(tmp_path)]
+    proc = run_cli("eval.py", "ppl", *ck, "--corpus", "nosuch")
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: unknown corpus 'nosuch'; choose one of kjv, wiki")
 
-    ck = ("--checkpoint_path", default_checkpoint, "--corpus_dir", tmp_path)
-    one_line(run_cli("eval.py", "ppl", *ck, "--corpus", "nosuch"), "unknown corpus 'nosuch'")
-    one_line(run_cli("eval.py", "ppl", *ck, "--corpus", "kjv"), "prepare_corpora.py")
-    one_line(run_cli("eval.py", "ppl", *ck, "--corpus", "kjv", "--text_file", "x.txt"),
-             "not allowed with")
+    def fails(needle, *args):
+        with pytest.raises(UserError, match=re.escape(needle)):
+            main(["ppl", *ck, *map(str, args)])
+
+    fails("run `python scripts/prepare_corpora.py --out", "--corpus", "kjv")
     (tmp_path / "short.txt").write_text("In the beginning God created the heaven and the earth.")
-    one_line(run_cli("eval.py", "ppl", *ck, "--corpus", "short", "--max_tokens", "500"),
-             "fewer than --max_tokens 500")
+    fails("short has only 11 tokens, fewer than --max_tokens 500", "--corpus", "short",
+          "--max_tokens", "500")
     (tmp_path / "blank.txt").write_text("\n\n")
-    one_line(run_cli("eval.py", "ppl", *ck, "--corpus", "blank"), "is empty")
+    fails("is empty", "--corpus", "blank")
     (tmp_path / "locked.txt").mkdir()  # exists, but cannot be read as a file
-    one_line(run_cli("eval.py", "ppl", *ck, "--text_file", tmp_path / "locked.txt"),
-             "cannot read")
+    fails("cannot read --text_file", "--text_file", tmp_path / "locked.txt")
+    with pytest.raises(SystemExit) as exit_:
+        main(["ppl", "--corpus", "kjv", "--text_file", "x.txt"])
+    err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert exit_.value.code == 2 and len(err) == 1 and "not allowed with" in err[0]

@@ -3,13 +3,16 @@
 Runs on a tiny random model that carries the default model's real tokenizer, so a whole grid
 takes seconds; the numbers are meaningless, the plumbing is what is tested."""
 import json
+import re
 import shutil
 
 import pytest
 import torch
 
 from conftest import DATA, run_cli, tiny_model
-from engine.sweep import ResultStore, load_config, render, run_sweep
+from engine.errors import UserError
+from engine.sweep import ResultStore, load_config, run_sweep
+from eval import main
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -123,30 +126,33 @@ def test_sweep_resumes_and_renders(tmp_path, tiny_checkpoint, corpora):
 
 
 def test_sweep_config_errors(tmp_path, tiny_checkpoint, corpora):
-    def one_line(path, needle):
-        proc = run_cli("eval.py", "sweep", "--config", path)
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-        lines = [l for l in proc.stderr.splitlines() if l.strip()]
-        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+    def fails(needle, **extra):
+        path = write_config(tmp_path, tiny_checkpoint, corpora, **extra)
+        with pytest.raises(UserError, match=re.escape(needle)):
+            run_sweep(load_config(path))
 
-    one_line(write_config(tmp_path, tiny_checkpoint, corpora, policies=["full", "nosuch"]),
-             "unknown policy 'nosuch'")
-    one_line(write_config(tmp_path, tiny_checkpoint, corpora, max_token=5), "unknown key(s)")
-    one_line(write_config(tmp_path, tiny_checkpoint, corpora,
-                          policies=[{"cache": "h2o", "merge_span": 3}]), "no option --merge_span")
-    one_line(write_config(tmp_path, tiny_checkpoint, corpora, policies=["cam+int8"]),
-             "--kv_middle int8")
-    one_line(write_config(tmp_path, tiny_checkpoint, corpora, corpora=["gen1", "missing"]),
-             "unknown corpus 'missing'")
-    one_line(write_config(tmp_path, tiny_checkpoint, corpora, max_tokens=100000),
-             "fewer than max_tokens")
+    fails("unknown policy 'nosuch'", policies=["full", "nosuch"])
+    fails("unknown key(s) max_token", max_token=5)
+    fails("no option --merge_span", policies=[{"cache": "h2o", "merge_span": 3}])
+    fails("--kv_middle int8", policies=["cam+int8"])
+    fails("cache_sizes must be", cache_sizes=[256, "big"])
+    fails("unknown corpus 'missing'", corpora=["gen1", "missing"])
+    fails("fewer than max_tokens", max_tokens=100000)
+    fails("leaves no room for a haystack", passkey={"corpus": "gen1", "lengths": [32]})
     bad = tmp_path / "bad.toml"
     bad.write_text("policies = [full\n")
-    one_line(bad, "cannot parse")
-    one_line(tmp_path / "none.toml", "does not exist")
+    with pytest.raises(UserError, match="cannot parse"):
+        load_config(bad)
+    assert not (tmp_path / "out").exists()  # nothing ran
+    # On the command line: exit status 2 and one line.
+    proc = run_cli("eval.py", "sweep", "--config",
+                   write_config(tmp_path, tiny_checkpoint, corpora, policies=["nosuch"]))
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and "unknown policy 'nosuch'" in lines[0]
 
 
-def test_passkey_cli(tmp_path, tiny_checkpoint, corpora):
+def test_passkey_cli(tmp_path, tiny_checkpoint, corpora, capsys):
     out = tmp_path / "pk.jsonl"
     args = ("eval.py", "passkey", "--checkpoint_path", tiny_checkpoint, "--corpus_dir", corpora,
             "--corpus", "gen1", "--lengths", "96,112", "--depths", "0.2,0.8", "--trials", "2",
@@ -159,9 +165,25 @@ def test_passkey_cli(tmp_path, tiny_checkpoint, corpora):
         (p, n) for p in ("full", "streaming") for n in (96, 112)}
     assert all(set(c["by_depth"]) == {"0.2", "0.8"} for c in cells)
     assert out.with_suffix(".png").read_bytes().startswith(PNG)
-    again = run_cli(*args)
-    assert again.returncode == 0 and "passkey: 0 cell(s) to run" in again.stderr
+    main(list(map(str, args[1:])))  # resumed: nothing runs, the same cells are printed
+    captured = capsys.readouterr()
+    assert "passkey: 0 cell(s) to run" in captured.err
+    assert sorted(captured.out.splitlines()) == sorted(proc.stdout.splitlines())
     assert len(out.read_text().splitlines()) == 4
-    bad = run_cli("eval.py", "passkey", "--checkpoint_path", tiny_checkpoint, "--corpus_dir",
-                  corpora, "--corpus", "gen1", "--lengths", "5000")
-    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "fewer" in bad.stderr
+    with pytest.raises(UserError, match="fewer than the longest passkey length 5000"):
+        main(["passkey", "--checkpoint_path", str(tiny_checkpoint), "--corpus_dir",
+              str(corpora), "--corpus", "gen1", "--lengths", "5000"])
+
+
+def test_shipped_configs_are_valid():
+    from conftest import ROOT
+    grid = load_config(ROOT / "configs" / "results.toml")
+    assert [s.label for s in grid.policies] == [
+        "full", "streaming", "h2o", "tova", "a2sf", "cam", "weightedkv", "weightedkv-evict",
+        "lagkv", "quantized", "weightedkv+int8"]
+    assert grid.cache_sizes == [256, 1024] and grid.corpora == ["wiki", "kjv"]
+    assert grid.max_tokens == 4000 and grid.dtype == "float32" and grid.compile
+    assert grid.passkey.lengths == [1024, 2048, 4096] and grid.passkey.depths == [0.1, 0.5, 0.9]
+    assert grid.passkey.policies == grid.policies and grid.passkey.cache_sizes == [256, 1024]
+    tiny = load_config(ROOT / "configs" / "tiny.toml", out_dir="elsewhere")
+    assert str(tiny.out_dir) == "elsewhere" and tiny.passkey.cache_sizes == [64]
