@@ -213,6 +213,9 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight
         self.max_batch_size = -1
         self.max_seq_length = -1
+        # Set by engine.generation.compile_decode on CPU: one compiled function that runs any
+        # block for single-token steps (regional compilation; prefill shapes stay eager).
+        self.block_step: Optional[Callable] = None
 
     def setup_caches(self, max_batch_size: int, max_seq_length: int,
                      make_cache: Optional[Callable[..., nn.Module]] = None) -> None:
@@ -247,8 +250,9 @@ class Transformer(nn.Module):
         """
         assert self.layers[0].attention.kv_cache is not None, "call setup_caches() first"
         x = self.tok_embeddings(idx)
+        step = self.block_step if idx.shape[1] == 1 else None
         for layer in self.layers:
-            x = layer(x, input_pos)
+            x = step(layer, x, input_pos) if step is not None else layer(x, input_pos)
         if out_idx is not None:
             x = x[:, out_idx]
         return self.output(self.norm(x)).float()

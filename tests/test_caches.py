@@ -15,7 +15,7 @@ from caches.a2sf import A2SFCache
 from caches.weightedkv import WeightedKVCache
 from conftest import tiny_model
 from engine.errors import UserError
-from engine.generation import Generator, decode_one_token
+from engine.generation import Generator, compile_decode, decode_one_token
 from model import rope_table
 from quantize.kv import dequantize_int8, quantize_int8
 
@@ -68,7 +68,8 @@ def test_policy_matrix_runs_long_in_constant_memory(name, middle, positions, bat
 
 
 @pytest.mark.parametrize("name", COMPRESSING)
-def test_compiled_decode_never_recompiles(name):
+@pytest.mark.parametrize("region", ["whole-step", "per-block"])
+def test_compiled_decode_never_recompiles(name, region):
     torch._dynamo.reset()
     model = tiny_model()
     factory = make_cache_factory(name, cache_size=BUDGET, chunk=8,
@@ -76,7 +77,10 @@ def test_compiled_decode_never_recompiles(name):
     gen = Generator(model, max_seq_length=256, make_cache=factory)
     expected = gen.generate(list(range(1, 12)), 70).new_ids[0]
     counter = CompileCounter()
-    gen.decode_fn = torch.compile(decode_one_token, backend=counter, fullgraph=True)
+    if region == "whole-step":  # the CUDA path
+        gen.decode_fn = torch.compile(decode_one_token, backend=counter, fullgraph=True)
+    else:  # the CPU path: both blocks run through one graph
+        compile_decode(decode_one_token, model, backend=counter)
     assert gen.generate(list(range(1, 12)), 70).new_ids[0] == expected
     assert counter.frame_count == 1  # fill phase and eviction phase share one graph
 
@@ -90,6 +94,13 @@ def test_inductor_compiled_policy_matches_eager(name):
     expected = gen.generate(list(range(1, 12)), 50).new_ids[0]
     counter = CompileCounterWithBackend("inductor")
     gen.decode_fn = torch.compile(decode_one_token, backend=counter, fullgraph=True)
+    assert gen.generate(list(range(1, 12)), 50).new_ids[0] == expected
+    assert counter.frame_count == 1
+    # the CPU path: one inductor graph shared by every block
+    model.block_step = None
+    gen.decode_fn = decode_one_token
+    counter = CompileCounterWithBackend("inductor")
+    compile_decode(decode_one_token, model, backend=counter)
     assert gen.generate(list(range(1, 12)), 50).new_ids[0] == expected
     assert counter.frame_count == 1
 
