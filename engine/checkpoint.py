@@ -5,6 +5,8 @@ config.json:
      "model": {ModelArgs fields}, "tokenizer": {see engine/tokenizer.py},
      "quantization": null, "source": "where it was converted from"}
 Weights use the engine's module names (model.py); output.weight is absent when embeddings are tied.
+A checkpoint made by quantize.py has "quantization": {"mode": "int8"|"int4", "groupsize": G|null}
+and stores each quantized linear as qweight/scales(/zeros) (quantize/weights.py), the head included.
 """
 from __future__ import annotations
 
@@ -53,26 +55,70 @@ def model_args(cfg: dict) -> ModelArgs:
         raise UserError(f"invalid model section in {CONFIG_NAME}: {e}") from None
 
 
-def load_model(checkpoint_dir, device="cpu", dtype=torch.float32) -> Transformer:
+def quant_config(cfg: dict):
+    """The checkpoint's QuantConfig (quantize/weights.py), or None for a float checkpoint."""
+    from quantize.weights import QuantConfig
+    q = cfg.get("quantization")
+    if q is None:
+        return None
+    try:
+        return QuantConfig.from_dict(q)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{CONFIG_NAME}: {e}; this engine loads float, int8 and int4 "
+                        f"checkpoints made by quantize.py") from None
+
+
+def load_model(checkpoint_dir, device="cpu", dtype=torch.float32, pack: bool = True) -> Transformer:
+    """Load a checkpoint; `dtype` is the activation (and float weight) dtype.
+
+    A quantized checkpoint (config "quantization") gets Int8Linear/Int4Linear modules in place of
+    its linears, loaded strictly from the storage format and, with `pack`, converted on `device`
+    to the fastest kernel layout for `dtype` (without: the storage tensors, plain formula).
+    """
     from safetensors.torch import load_file
 
     path = Path(checkpoint_dir)
-    args = model_args(read_config(path))
+    cfg = read_config(path)
+    args = model_args(cfg)
+    qconfig = quant_config(cfg)
     weights = path / WEIGHTS_NAME
     if not weights.is_file():
         raise UserError(f"{str(path)!r} has no {WEIGHTS_NAME}; re-run convert_hf.py")
     with torch.device("meta"):
         model = Transformer(args)
+        if qconfig is not None:
+            from quantize.weights import swap_linears
+            try:
+                swap_linears(model, qconfig)  # unties a tied head: it is stored quantized
+            except ValueError as e:
+                raise UserError(f"{CONFIG_NAME}: {e}") from None
     state = load_file(str(weights), device="cpu")
-    if args.tie_embeddings and "tok_embeddings.weight" in state:
+    if args.tie_embeddings and qconfig is None and "tok_embeddings.weight" in state:
         state.setdefault("output.weight", state["tok_embeddings.weight"])
-    expected = set(model.state_dict())
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
         raise UserError(f"{weights}: weights do not match config.json (missing {missing[:3]}, "
                         f"unexpected {unexpected[:3]}); re-run convert_hf.py")
-    state = {k: t.to(dtype=dtype) for k, t in state.items()}
+    quantized = {k for k in expected if _in_quantized(model, k)}
+    for k, t in expected.items():
+        if tuple(state[k].shape) != tuple(t.shape) or (k in quantized and state[k].dtype != t.dtype):
+            raise UserError(f"{weights}: {k} is {str(state[k].dtype)[6:]} {tuple(state[k].shape)}, "
+                            f"config.json implies {str(t.dtype)[6:]} {tuple(t.shape)}")
+    # Float tensors take the activation dtype; a quantized module's tensors (codes, float32
+    # scales/zeros, bias) stay as stored until pack() converts them.
+    state = {k: t if k in quantized else t.to(dtype=dtype) for k, t in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
-    if args.tie_embeddings:
+    if args.tie_embeddings and qconfig is None:
         model.output.weight = model.tok_embeddings.weight
-    return model.to(device=device).eval()
+    model = model.to(device=device).eval()
+    if qconfig is not None and pack:
+        from quantize.weights import pack_model
+        pack_model(model, dtype)
+    return model
+
+
+def _in_quantized(model, key: str) -> bool:
+    from quantize.weights import QuantizedLinear
+    mod = key.rpartition(".")[0]
+    return isinstance(model.get_submodule(mod), QuantizedLinear) if mod else False

@@ -1,0 +1,31 @@
+"""Quantize an engine checkpoint's linear layers to weight-only INT8 or INT4 (new checkpoint).
+
+    python quantize.py --checkpoint_path checkpoints/smollm2 --mode int8     # -> checkpoints/smollm2-int8
+    python quantize.py --mode int4 --groupsize 64                            # the default model
+    python generate.py --checkpoint_path checkpoints/smollm2-int8 --prompt "..."
+
+The new directory holds config.json (with "quantization": {"mode", "groupsize"}), the quantized
+model.safetensors and the source's tokenizer files; it appears whole or not at all.
+"""
+from engine.cli import Parser, run
+
+
+def main() -> None:
+    from quantize.weights import GROUPSIZES, MODES, quantize_checkpoint
+
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint_path", default=None,
+                   help="float engine checkpoint directory (default: the embedded default model)")
+    p.add_argument("--mode", choices=list(MODES), required=True)
+    p.add_argument("--groupsize", type=int, choices=list(GROUPSIZES), default=None,
+                   help="int4 only: input columns per scale/zero (default: 128, else the largest "
+                        "of 64/32 that divides every layer)")
+    p.add_argument("--out", default=None,
+                   help="output directory (default: DIR-int8 or DIR-int4-gG next to DIR)")
+    args = p.parse_args()
+    out = quantize_checkpoint(args.checkpoint_path, args.mode, args.groupsize, args.out)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    run(main)
