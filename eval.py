@@ -180,7 +180,7 @@ def ppl_main(args) -> None:
 
 def passkey_main(args) -> None:
     from engine import plots
-    from engine.sweep import (PasskeyConfig, ResultStore, _setup, check_passkey_prompts,
+    from engine.sweep import (PasskeyConfig, ResultStore, Setup, check_passkey_prompts,
                               expand_full, parse_policy, passkey_accuracy, passkey_table,
                               run_passkey_grid)
 
@@ -196,13 +196,11 @@ def passkey_main(args) -> None:
                        policies=specs, cache_sizes=args.cache_size, new_tokens=args.new_tokens,
                        batch_size=args.batch_size or 0)
     text, _ = load_text(args)
-    device, dtype, ckpt, tokenizer, load = _setup(args)
-    check_passkey_prompts(tokenizer, pk, text)
+    env = Setup(args)
+    check_passkey_prompts(env.tokenizer, pk, text, env.context)
     store = ResultStore(args.out) if args.out else None
-    base = {"checkpoint": ckpt, "dtype": str(dtype).removeprefix("torch."),
-            "device": device.type, "compile": args.compile, "seed": args.seed}
     fresh = []
-    run_passkey_grid(load(), tokenizer, pk, store, base, haystack_text=text,
+    run_passkey_grid(env, pk, store, env.base_key(args.compile, args.seed), haystack_text=text,
                      compile=args.compile, on_cell=fresh.append)
     rows = store.rows() if store is not None else fresh
     labels = [s.label for s in specs]

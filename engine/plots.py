@@ -19,7 +19,7 @@ def save(fig, path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
     os.replace(tmp, path)
     return path
@@ -28,7 +28,7 @@ def save(fig, path) -> Path:
 def ppl_bars(ppl: dict, reference: dict, labels: list, sizes: list, corpora: list, path):
     """ppl[(label, size, corpus)] -> ppl; reference[corpus] -> full-cache ppl (dashed line)."""
     fig, axes = plt.subplots(1, len(corpora), figsize=((0.6 * len(labels) + 2) * len(corpora),
-                                                      4.2), squeeze=False)
+                                                      4.2), squeeze=False, layout="constrained")
     width = 0.8 / max(1, len(sizes))
     for ax, corpus in zip(axes[0], corpora):
         for j, size in enumerate(sizes):
@@ -55,7 +55,7 @@ def curves(curve: dict, labels: list, sizes: list, corpora: list, path):
     drawn in every panel as the reference (WeightedKV Fig. 4 style)."""
     fig, axes = plt.subplots(len(corpora), len(sizes), figsize=(5.2 * len(sizes),
                                                                 3.6 * len(corpora)),
-                             squeeze=False)
+                             squeeze=False, layout="constrained")
     for r, corpus in enumerate(corpora):
         for c, size in enumerate(sizes):
             ax = axes[r][c]
@@ -73,7 +73,7 @@ def curves(curve: dict, labels: list, sizes: list, corpora: list, path):
 
 def cache_bytes(nbytes: dict, labels: list, sizes: list, path):
     """nbytes[(label, size)] -> bytes of one stream's cache; size None = full (one bar)."""
-    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(labels)), 4))
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(labels)), 4), layout="constrained")
     width = 0.8 / max(1, len(sizes))
     for j, size in enumerate(sizes):
         xs = [i + (j - (len(sizes) - 1) / 2) * width for i in range(len(labels))]
@@ -96,11 +96,14 @@ def passkey_heatmaps(acc: dict, labels: list, sizes: list, lengths: list, depths
     fig, axes = plt.subplots(len(labels), len(sizes), figsize=(1.1 * len(lengths) * len(sizes)
                                                                + 1.5, 1.0 * len(depths)
                                                                * len(labels) + 0.8),
-                             squeeze=False)
+                             squeeze=False, layout="constrained")
     image = None
     for r, label in enumerate(labels):
         for c, size in enumerate(sizes):
             ax = axes[r][c]
+            if label == "full" and c > 0:  # full ignores the budget: one panel is enough
+                ax.axis("off")
+                continue
             cell = acc.get((label, size), {})
             grid = np.full((len(depths), len(lengths)), np.nan)
             for j, length in enumerate(lengths):
@@ -112,7 +115,7 @@ def passkey_heatmaps(acc: dict, labels: list, sizes: list, lengths: list, depths
             image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
             ax.set_xticks(range(len(lengths)), [str(x) for x in lengths], fontsize=7)
             ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
-            ax.set_title(f"{label} @ {size}", fontsize=8)
+            ax.set_title(label if label == "full" else f"{label} @ {size}", fontsize=8)
             if c == 0:
                 ax.set_ylabel("depth", fontsize=7)
             if r == len(labels) - 1:

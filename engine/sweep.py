@@ -328,17 +328,32 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _setup(cfg_like):
-    """(device, dtype, checkpoint path, model, tokenizer)."""
-    from engine.checkpoint import load_model
-    from engine.cli import resolve_device, resolve_dtype
-    from engine.default_model import default_checkpoint
-    from engine.tokenizer import load_tokenizer
-    device = resolve_device(cfg_like.device)
-    dtype = resolve_dtype(cfg_like.dtype, device)
-    ckpt = str(cfg_like.checkpoint_path or default_checkpoint())
-    tokenizer = load_tokenizer(ckpt)
-    return device, dtype, ckpt, tokenizer, lambda: load_model(ckpt, device=device, dtype=dtype)
+class Setup:
+    """Device, dtype, checkpoint, tokenizer and context resolved up front; the model itself is
+    loaded on first use (a fully resumed sweep never loads it)."""
+
+    def __init__(self, cfg_like):
+        from engine.checkpoint import model_args, read_config
+        from engine.cli import resolve_device, resolve_dtype
+        from engine.default_model import default_checkpoint
+        from engine.tokenizer import load_tokenizer
+        self.device = resolve_device(cfg_like.device)
+        self.dtype = resolve_dtype(cfg_like.dtype, self.device)
+        self.checkpoint = str(cfg_like.checkpoint_path or default_checkpoint())
+        self.context = model_args(read_config(self.checkpoint)).max_position_embeddings
+        self.tokenizer = load_tokenizer(self.checkpoint)
+        self._model = None
+
+    @property
+    def model(self):
+        if self._model is None:
+            from engine.checkpoint import load_model
+            self._model = load_model(self.checkpoint, device=self.device, dtype=self.dtype)
+        return self._model
+
+    def base_key(self, compile: bool, seed: int) -> dict:
+        return {"checkpoint": self.checkpoint, "dtype": str(self.dtype).removeprefix("torch."),
+                "device": self.device.type, "compile": compile, "seed": seed}
 
 
 def _reset_compiler() -> None:
@@ -360,8 +375,8 @@ def run_sweep(cfg: SweepConfig) -> dict:
     t_start = time.perf_counter()
     # Fail on missing corpora before loading anything.
     paths = {c: corpus_path(c, cfg.corpus_dir) for c in cfg.corpora}
-    device, dtype, ckpt, tokenizer, load = _setup(cfg)
-    dtype_name = str(dtype).removeprefix("torch.")
+    env = Setup(cfg)
+    tokenizer, device = env.tokenizer, env.device
     streams = {}
     for c, p in paths.items():
         ids = encode_prefix(tokenizer, read_text(p, f"corpus {c}"), cfg.max_tokens)
@@ -372,11 +387,15 @@ def run_sweep(cfg: SweepConfig) -> dict:
     haystack = None
     if cfg.passkey is not None:  # bad lengths or a short haystack fail now, not after the ppl
         haystack = _haystack_text(cfg.passkey, cfg.corpus_dir)
-        check_passkey_prompts(tokenizer, cfg.passkey, haystack)
+        check_passkey_prompts(tokenizer, cfg.passkey, haystack, env.context)
+    for spec in cfg.policies:
+        positions = dict(spec.options).get("positions", "original")
+        if cfg.max_tokens > env.context and (spec.is_full or positions == "original"):
+            raise UserError(f"max_tokens {cfg.max_tokens} exceeds the model's context of "
+                            f"{env.context} for {spec.label}; lower max_tokens")
     store = ResultStore(cfg.out_dir / "results.jsonl")
     done = store.done()
-    base = {"checkpoint": ckpt, "dtype": dtype_name, "device": device.type,
-            "compile": cfg.compile, "seed": cfg.seed}
+    base = env.base_key(cfg.compile, cfg.seed)
 
     def cell_key(spec, size, corpus):
         return {**base, "kind": "ppl", "max_tokens": cfg.max_tokens, "corpus": corpus,
@@ -394,14 +413,9 @@ def run_sweep(cfg: SweepConfig) -> dict:
                   for s in cfg.policies) - n_cells
     _log(f"sweep {cfg.path.name}: {n_cells} cell(s) to run, {skipped} already in {store.path}")
 
-    model = load() if groups or cfg.passkey else None
-    context = model.args.max_position_embeddings if model is not None else None
     scored = cells_run = 0
     for spec, size, todo in groups:
-        positions = dict(spec.options).get("positions", "original")
-        if cfg.max_tokens > context and (spec.is_full or positions == "original"):
-            raise UserError(f"max_tokens {cfg.max_tokens} exceeds the model's context of "
-                            f"{context} for {spec.label}")
+        model = env.model
         name = spec.label + ("" if size is None else f"@{size}")
         with torch.device(device):
             model.setup_caches(len(todo), max(cfg.max_tokens, 0 if size is None
@@ -438,22 +452,24 @@ def run_sweep(cfg: SweepConfig) -> dict:
             _log(f"[{cells_run}/{n_cells}] {name} {corpus}: ppl {r.ppl:.3f}, "
                  f"{nbytes / 2**20:.2f} MiB, {row['tokens_per_s']:.1f} tok/s (batch {len(todo)})")
 
+    ppl_wall = time.perf_counter() - t_start
     pk_cells = pk_tokens = 0
     if cfg.passkey is not None:
         pk_cells, pk_tokens = run_passkey_grid(
-            model, tokenizer, cfg.passkey, store, base,
+            env, cfg.passkey, store, base,
             haystack_text=haystack, compile=cfg.compile)
     wall = time.perf_counter() - t_start
     summary = {"kind": "run", "config": str(cfg.path), "cells_run": cells_run,
                "cells_skipped": skipped, "scored_tokens": scored, "passkey_cells": pk_cells,
                "passkey_tokens": pk_tokens, "wall_s": round(wall, 3),
-               "tokens_per_s": scored / wall if wall else 0.0, **base,
+               "tokens_per_s": scored / wall if wall else 0.0,
+               "ppl_wall_s": round(ppl_wall, 3), **base,
                "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if cells_run or pk_cells:
         store.append(summary)
     _log(f"sweep throughput: {scored} scored tokens in {wall:.1f} s wall = "
-         f"{summary['tokens_per_s']:.1f} tokens/s ({cells_run} ppl cells, {pk_cells} passkey "
-         f"cells, {skipped} skipped)")
+         f"{summary['tokens_per_s']:.1f} tokens/s ({cells_run} ppl cells in {ppl_wall:.1f} s, "
+         f"{pk_cells} passkey cells, {skipped} skipped)")
     render(cfg)
     return summary
 
@@ -465,15 +481,19 @@ def _haystack_text(pk: PasskeyConfig, corpus_dir) -> str:
     return read_text(pk.text_file)
 
 
-def check_passkey_prompts(tokenizer, pk: PasskeyConfig, haystack_text: str) -> None:
+def check_passkey_prompts(tokenizer, pk: PasskeyConfig, haystack_text: str,
+                          context: int) -> None:
     from engine.evaluation import encode_prefix
     from engine.passkey import build_cell_prompts
+    if max(pk.lengths) + pk.new_tokens > context:
+        raise UserError(f"passkey length {max(pk.lengths)} + {pk.new_tokens} new tokens exceeds "
+                        f"the model's context of {context}")
     pool = encode_prefix(tokenizer, haystack_text, 4 * max(pk.lengths))
     for length in pk.lengths:
         build_cell_prompts(tokenizer, pool, length, pk.depths[:1], 1, pk.seed, max(pk.lengths))
 
 
-def run_passkey_grid(model, tokenizer, pk: PasskeyConfig, store: Optional[ResultStore],
+def run_passkey_grid(env: Setup, pk: PasskeyConfig, store: Optional[ResultStore],
                      base: dict, haystack_text: str, compile: bool = False,
                      on_cell=None) -> tuple:
     """Run every missing (policy, size, length) cell, all trials x depths batched; append each
@@ -481,6 +501,7 @@ def run_passkey_grid(model, tokenizer, pk: PasskeyConfig, store: Optional[Result
     from engine.evaluation import encode_prefix
     from engine.passkey import build_cell_prompts, run_cell
 
+    tokenizer = env.tokenizer
     longest = max(pk.lengths)
     pool = encode_prefix(tokenizer, haystack_text, 4 * longest)
     done = store.done() if store is not None else set()
@@ -502,7 +523,7 @@ def run_passkey_grid(model, tokenizer, pk: PasskeyConfig, store: Optional[Result
                                      longest)
         if compile:
             _reset_compiler()
-        result = run_cell(model, tokenizer, spec.factory(size, base.get("seed", 0)), prompts,
+        result = run_cell(env.model, tokenizer, spec.factory(size, base.get("seed", 0)), prompts,
                           pk.new_tokens, compile=compile, batch_size=pk.batch_size or None)
         row = {"key": cell_key(spec, size, length), "label": spec.label, "policy": spec.cache,
                "cache_size": size, "length": length, **result,
@@ -652,13 +673,13 @@ def passkey_table(acc: dict, labels, sizes, lengths, depths) -> list:
     head = ["policy", "cache"] + [f"L={n} d={d:g}" for n in lengths for d in depths] + ["mean"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label in labels:
-        for size in sizes:
+        for size in sizes[:1] if label == "full" else sizes:  # full ignores the budget
             cell = acc.get((label, size))
             if cell is None:
                 continue
             vals = [cell.get(n, {}).get(d) for n in lengths for d in depths]
             got = [v for v in vals if v is not None]
             mean = f"{sum(got) / len(got):.0%}" if got else "-"
-            lines.append("| " + " | ".join([label, str(size)] + [
+            lines.append("| " + " | ".join([label, "all" if label == "full" else str(size)] + [
                 "-" if v is None else f"{v:.0%}" for v in vals] + [mean]) + " |")
     return lines

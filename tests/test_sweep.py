@@ -7,7 +7,6 @@ import re
 import shutil
 
 import pytest
-import torch
 
 from conftest import DATA, run_cli, tiny_model
 from engine.errors import UserError
@@ -170,7 +169,7 @@ def test_passkey_cli(tmp_path, tiny_checkpoint, corpora, capsys):
     assert "passkey: 0 cell(s) to run" in captured.err
     assert sorted(captured.out.splitlines()) == sorted(proc.stdout.splitlines())
     assert len(out.read_text().splitlines()) == 4
-    with pytest.raises(UserError, match="fewer than the longest passkey length 5000"):
+    with pytest.raises(UserError, match="5000 \\+ 8 new tokens exceeds the model's context of 1024"):
         main(["passkey", "--checkpoint_path", str(tiny_checkpoint), "--corpus_dir",
               str(corpora), "--corpus", "gen1", "--lengths", "5000"])
 
