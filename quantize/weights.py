@@ -180,6 +180,7 @@ class QuantizedLinear(nn.Module):
         ref_x = torch.randn(3, self.in_features, generator=torch.Generator().manual_seed(0))
         ref_x = ref_x.to(device=device, dtype=dtype)
         expected = self._dequant_forward(ref_x)
+        failures = []
         for kernel in self._candidates(device, dtype):
             try:
                 state = self._pack_for(kernel, dtype)
@@ -187,13 +188,14 @@ class QuantizedLinear(nn.Module):
                 err = (got.float() - expected.float()).norm() / expected.float().norm().clamp(min=EPS)
                 if not err < 2e-2:  # bf16 matmul vs the float formula: ~1e-3
                     raise RuntimeError(f"relative error {err:.3g} against the reference")
-            except RuntimeError as e:  # a kernel missing for this device/shape/build
-                warnings.warn(f"{type(self).__name__} [{self.out_features}x{self.in_features}]: "
-                              f"kernel {kernel} unusable ({str(e).splitlines()[0][:120]}); "
-                              f"falling back")
+            except (RuntimeError, AttributeError) as e:  # kernel missing for this device/shape/build
+                failures.append(f"{kernel}: {str(e).splitlines()[0][:100]}")
                 continue
             self._install(kernel, state)
             return
+        if failures:
+            warnings.warn(f"{type(self).__name__} [{self.out_features}x{self.in_features}] on "
+                          f"{device}: no fast kernel ({'; '.join(failures)}); using the plain formula")
         self._install("dequant", self._pack_for("dequant", dtype))
 
     def _install(self, kernel: str, state: dict) -> None:
