@@ -79,10 +79,10 @@ def cache_bytes(nbytes: dict, labels: list, sizes: list, path):
         xs = [i + (j - (len(sizes) - 1) / 2) * width for i in range(len(labels))]
         ys = [nbytes.get((label, size), nbytes.get((label, None), float("nan"))) / 2**20
               for label in labels]
-        ax.bar(xs, ys, width, label=f"cache {size}")
+        bars = ax.bar(xs, ys, width, label=f"cache {size}")
+        ax.bar_label(bars, fmt="%.1f", fontsize=6)
     ax.set_xticks(range(len(labels)), labels, rotation=40, ha="right")
     ax.set_ylabel("cache MiB (one stream)")
-    ax.set_yscale("log")
     ax.set_title("KV cache bytes per policy")
     ax.legend(fontsize=8)
     return save(fig, path)
