@@ -241,8 +241,9 @@ def bench_engine(model, policy, factory, settings, context, prompt, args, compil
     # +1: prefill makes the first token, then new_tokens decode steps are timed.
     gen = Generator(model, context + args.new_tokens + 1, make_cache=factory, compile=compiled)
     warm = gen.warmup(0.0, None)
-    # An untimed run warms the prefill shapes and anything the warm-up step did not reach.
-    gen.generate(prompt, 3, temperature=0.0)
+    # A short untimed run warms the loop, the chunked-prefill graph and anything the warm-up
+    # step did not reach, without paying for a long prefill (median of repeats absorbs the rest).
+    gen.generate(prompt[:48], 3, temperature=0.0)
     runs = [gen.generate(prompt, args.new_tokens + 1, temperature=0.0)
             for _ in range(args.repeats)]
     tps = statistics.median(g.tokens_per_s for g in runs)
@@ -426,6 +427,8 @@ def machine_info(device: torch.device) -> dict:
         pass
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
+    if hasattr(os, "getloadavg"):  # other work on the machine shows up in the timings
+        info["load_average_1min"] = os.getloadavg()[0]
     return info
 
 
@@ -436,7 +439,9 @@ def fmt(v, spec):
 def print_table(result) -> None:
     m, mo = result["machine"], result["model"]
     print(f"{mo['checkpoint']} ({mo['dtype']}, quantization {mo['quantization']}) on "
-          f"{m.get('gpu') or m['cpu']}, {m['threads']} threads, torch {m['torch']}")
+          f"{m.get('gpu') or m['cpu']}, {m['threads']} threads, torch {m['torch']}"
+          + (f", load average {m['load_average_1min']:.1f} at start" if "load_average_1min" in m
+             else ""))
     print(f"machine streaming-read bandwidth: {result['machine_bandwidth_gbs']:.1f} GB/s")
     head = (f"{'engine':<13}{'mode':<9}{'policy':<18}{'ctx':>6}{'tok/s':>9}{'ms/tok':>8}"
             f"{'ovh ms':>8}{'prefill/s':>10}{'ttft s':>8}{'comp s':>8}{'MB/tok':>8}{'GB/s':>7}"
@@ -498,6 +503,7 @@ def main(argv=None) -> None:
         if not args.json:
             print(msg, file=sys.stderr, flush=True)
 
+    machine = machine_info(device)
     model = load_model(ckpt, device=device, dtype=dtype)
     say("measuring the machine's streaming-read bandwidth...")
     bandwidth = machine_bandwidth_gbs(device)
@@ -532,7 +538,7 @@ def main(argv=None) -> None:
         add_peer_ratios(rows, peer_rows)
 
     result = {
-        "machine": machine_info(device), "machine_bandwidth_gbs": bandwidth,
+        "machine": machine, "machine_bandwidth_gbs": bandwidth,
         "model": {"checkpoint": str(ckpt), "source": cfg.get("source"), "dtype":
                   str(dtype).removeprefix("torch."), "quantization": cfg.get("quantization"),
                   "parameters": sum(p.numel() for p in model.parameters())},
