@@ -1,7 +1,7 @@
 """Quantize an engine checkpoint's linear layers to weight-only INT8 or INT4 (new checkpoint).
 
     python quantize.py --checkpoint_path checkpoints/smollm2 --mode int8     # -> checkpoints/smollm2-int8
-    python quantize.py --mode int4 --groupsize 64                            # the default model
+    python quantize.py --mode int4                                          # the default model, groups of 32
     python generate.py --checkpoint_path checkpoints/smollm2-int8 --prompt "..."
 
 The new directory holds config.json (with "quantization": {"mode", "groupsize"}), the quantized
@@ -18,8 +18,7 @@ def main() -> None:
                    help="float engine checkpoint directory (default: the embedded default model)")
     p.add_argument("--mode", choices=list(MODES), required=True)
     p.add_argument("--groupsize", type=int, choices=list(GROUPSIZES), default=None,
-                   help="int4 only: input columns per scale/zero (default: 128, else the largest "
-                        "of 64/32 that divides every layer)")
+                   help="int4 only: input columns per scale/zero (default: 32, the most accurate)")
     p.add_argument("--out", default=None,
                    help="output directory (default: DIR-int8 or DIR-int4-gG next to DIR)")
     args = p.parse_args()

@@ -36,7 +36,7 @@ from engine.errors import UserError
 
 MODES = ("int8", "int4")
 GROUPSIZES = (32, 64, 128, 256)
-DEFAULT_GROUPSIZE = 128
+DEFAULT_GROUPSIZE = 32  # finest grid the int4 kernels take: best quality (gpt-fast's default too)
 BLOCK_LINEARS = ("attention.wqkv", "attention.wo", "feed_forward.w1", "feed_forward.w2",
                  "feed_forward.w3")
 EPS = 1e-10
@@ -44,8 +44,7 @@ EPS = 1e-10
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """mode "int8" (per-channel, groupsize must be None) or "int4" (groupsize None = the largest
-    of 128/64/32 that divides every quantized layer's in_features)."""
+    """mode "int8" (per-channel, groupsize must be None) or "int4" (groupsize None = 32)."""
     mode: str
     groupsize: Optional[int] = None
 
@@ -64,10 +63,9 @@ class QuantConfig:
             return self
         ks = sorted(set(in_features))
         if self.groupsize is None:
-            for g in (DEFAULT_GROUPSIZE, 64, 32):
-                if all(k % g == 0 for k in ks):
-                    return QuantConfig("int4", g)
-            raise ValueError(f"no groupsize of 128/64/32 divides the in_features {ks}")
+            if all(k % DEFAULT_GROUPSIZE == 0 for k in ks):
+                return QuantConfig("int4", DEFAULT_GROUPSIZE)
+            raise ValueError(f"groupsize {DEFAULT_GROUPSIZE} does not divide the in_features {ks}")
         bad = [k for k in ks if k % self.groupsize]
         if bad:
             fits = [g for g in GROUPSIZES if all(k % g == 0 for k in ks)]

@@ -213,8 +213,9 @@ def test_config_validation():
         QuantConfig("int8", 64)
     with pytest.raises(ValueError, match="groupsize must be one of"):
         QuantConfig("int4", 48)
-    assert QuantConfig("int4").resolve([576, 1536]).groupsize == 64
-    assert QuantConfig("int4").resolve([1024, 4096]).groupsize == 128
+    assert QuantConfig("int4").resolve([576, 1536]).groupsize == 32
+    with pytest.raises(ValueError, match="groupsize 32 does not divide"):
+        QuantConfig("int4").resolve([576, 1000])
     with pytest.raises(ValueError, match="does not divide in_features 576"):
         QuantConfig("int4", 128).resolve([576, 1536])
 
