@@ -27,7 +27,8 @@ class CaMCache(RegionCache):
     the m following retained values (fewer if fewer follow, dividing by their count).
 
     State: acc [B, Hkv, C] (A, accumulated attention, this step included). One draw per KV head
-    from a seeded counter-based generator. Option: merge_span m (default 16).
+    from a seeded counter-based generator, the same for every batch row. Option: merge_span m
+    (default 16).
     """
     has_middle = False
     stats = ("acc",)
@@ -58,7 +59,9 @@ class CaMCache(RegionCache):
         a_next = (self.acc.gather(-1, nxt) * follows).sum(-1, keepdim=True) / count.clamp(min=1)
         a_i = self.acc.gather(-1, i.unsqueeze(-1))
         prob = torch.where(a_next > 0, (a_i / a_next.clamp(min=1e-30)).clamp(0, 1), 1.0)
-        draw = uniform(self.rng_key, cur, (B, H, 1)) < prob
+        # Draws depend on (seed, layer, position, head), not on the batch row: a stream merges
+        # the same way alone or batched with others (the sweep batches corpora).
+        draw = uniform(self.rng_key, cur, (1, H, 1)) < prob
         merge = (do.unsqueeze(-1) & draw & (count > 0)).squeeze(-1)
         share = self.read_v(i) / count.clamp(min=1)  # [B, H, D]
         # Middle-less: the following tokens all sit in the fast region.

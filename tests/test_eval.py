@@ -44,7 +44,8 @@ def test_streaming_protocol_scores_token_t_from_step_t_minus_1(model_and_ids):
 
 @pytest.mark.parametrize("policy,options", [("full", {}),
                                             ("weightedkv", dict(cache_size=16, chunk=8)),
-                                            ("lagkv", dict(cache_size=24, chunk=8))])
+                                            ("lagkv", dict(cache_size=24, chunk=8)),
+                                            ("cam", dict(cache_size=16, chunk=8))])
 def test_batched_streams_score_as_they_would_alone(policy, options):
     model = tiny_model()
     g = torch.Generator().manual_seed(1)
