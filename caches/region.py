@@ -39,6 +39,7 @@ class RegionCache(KVCache):
     """Base region cache; as it stands, the middle keeps its oldest tokens out (FIFO)."""
 
     wants_probs = True   # attention always hands over probabilities; compression happens there
+    compiled_compress = None  # RegionCache.compress_step compiled, shared by every layer
     stats: tuple = ()    # names of per-slot float32 statistics
     has_middle = True
 
@@ -163,8 +164,12 @@ class RegionCache(KVCache):
         positions = first + torch.arange(T, device=first.device)
         # A KV head's attention is the mean over the query heads of its group.
         self.accumulate(probs.mean(dim=2), positions)
+        # A prompt chunk compresses token by token: the compiled step (set by compile_decode)
+        # turns ~25 small eager ops per token and layer into one call.
+        compress = self.compiled_compress if T > 1 and self.compiled_compress else \
+            RegionCache.compress_step
         for i in range(T):
-            self.compress_step(positions[i:i + 1])
+            compress(self, positions[i:i + 1])
 
     def reset(self) -> None:
         for name, b in self.named_buffers():

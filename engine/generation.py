@@ -63,6 +63,14 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor") -> Call
     if model.output.weight.device.type == "cuda":
         return torch.compile(fn, mode="reduce-overhead", fullgraph=True, backend=backend)
     model.block_step = torch.compile(run_block, fullgraph=True, dynamic=False, backend=backend)
+    # Prompt chunks of compressing caches run eager blocks but compress token by token: compile
+    # that step too (one graph per policy, shared by every layer and token).
+    from caches.region import RegionCache
+    compress = torch.compile(RegionCache.compress_step, fullgraph=True, dynamic=False,
+                             backend=backend)
+    for cache in model.caches():
+        if isinstance(cache, RegionCache):
+            cache.compiled_compress = compress
     return fn
 
 
@@ -113,13 +121,18 @@ class Generator:
 
     @torch.inference_mode()
     def warmup(self, temperature: float = 0.0, top_k: Optional[int] = None) -> float:
-        """Compile (or just run) the decode step once, so timings exclude compilation; returns
-        the seconds it took. The caches are reset afterwards."""
+        """Compile (or just run) the decode step, and a prompt chunk of compressing caches, so
+        timings exclude compilation; returns the seconds it took. The caches are reset
+        afterwards."""
         t0 = time.perf_counter()
         token = torch.zeros(self.batch_size, 1, dtype=torch.long, device=self.device)
         for t in range(2):  # the second call confirms the graph is reused
             self.decode_fn(self.model, token, torch.tensor([t], device=self.device),
                            temperature, top_k)
+        chunk = self.model.caches()[0].prefill_chunk
+        if chunk is not None and chunk < self.max_seq_length:  # compiles chunk compression
+            self.model.reset_caches()
+            self.prefill_prompt(token.new_zeros(self.batch_size, chunk), temperature, top_k)
         sync(self.device)
         self.model.reset_caches()
         return time.perf_counter() - t0
