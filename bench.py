@@ -187,15 +187,18 @@ def peak_memory(device: torch.device) -> int:
 
 
 def weight_bytes_per_token(model) -> int:
-    """Weight bytes one decode step reads: every tensor of the state dict (quantized weights and
-    their scales included) except the embedding table, of which one row is read. A tied output
-    head appears in the state dict under its own name, so the full table is still counted once."""
+    """Weight bytes one decode step reads: every parameter and buffer of the model outside its
+    caches (so quantized layers count their packed codes and scales, whatever the layout), except
+    the embedding table, of which one row is read. A tied output head is its own module holding
+    the same table, so the full table is still counted once."""
+    from caches.base import KVCache
     total = 0
-    for name, t in model.state_dict().items():
-        nbytes = t.numel() * t.element_size()
-        if name.startswith("tok_embeddings."):
-            nbytes //= t.shape[0]  # one row per token
-        total += nbytes
+    for module in model.modules():
+        if isinstance(module, KVCache):
+            continue
+        for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            nbytes = t.numel() * t.element_size()
+            total += nbytes // t.shape[0] if isinstance(module, torch.nn.Embedding) else nbytes
     return total
 
 

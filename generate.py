@@ -207,6 +207,8 @@ def main(argv=None) -> None:
         prof.export_chrome_trace(str(profile_path))
         print(f"wrote profiler trace {profile_path} (chrome://tracing or ui.perfetto.dev)",
               file=sys.stderr)
+        sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        print(prof.key_averages().table(sort_by=sort, row_limit=15), file=sys.stderr)
 
     memory = {"cache_bytes": gen.cache_bytes, "peak_memory_bytes": peak_memory_bytes(device)}
     if args.json:

@@ -196,8 +196,16 @@ def test_quantized_greedy_tokens_match_float(quantized, float_greedy, default_ch
     from engine.generation import Generator
     ids, ref = float_greedy
     n = SAME_TOKENS[mode]
-    got = Generator(load_model(quantized[mode]), 64).generate(ids, n).new_ids[0]
+    model = load_model(quantized[mode])
+    got = Generator(model, 64).generate(ids, n).new_ids[0]
     assert got == ref[:n]
+    # bench.py's bytes per token count the packed codes and scales, not float weights
+    from bench import weight_bytes_per_token
+    a = model.args
+    n_linear = (a.n_layer * a.dim * ((a.n_head + 2 * a.n_kv_heads) * a.head_dim + a.n_head * a.head_dim
+                                     + 3 * a.intermediate_size) + a.dim * a.vocab_size)
+    bits = {"int8": 8, "int4": 4}[mode]
+    assert n_linear * bits / 8 < weight_bytes_per_token(model) < n_linear * bits / 8 * 1.3
 
 
 def test_unknown_quantization_mode_is_a_user_error(quantized, tmp_path):
