@@ -340,6 +340,9 @@ class Setup:
         self.device = resolve_device(cfg_like.device)
         self.dtype = resolve_dtype(cfg_like.dtype, self.device)
         self.checkpoint = str(cfg_like.checkpoint_path or default_checkpoint())
+        # The default model is keyed by name, not by where this machine keeps it, so a results
+        # file carries over to another machine (or REGIONKV_HOME) and resumes there.
+        self.checkpoint_key = cfg_like.checkpoint_path or f"default:{Path(self.checkpoint).name}"
         self.context = model_args(read_config(self.checkpoint)).max_position_embeddings
         self.tokenizer = load_tokenizer(self.checkpoint)
         self._model = None
@@ -352,7 +355,7 @@ class Setup:
         return self._model
 
     def base_key(self, compile: bool, seed: int) -> dict:
-        return {"checkpoint": self.checkpoint, "dtype": str(self.dtype).removeprefix("torch."),
+        return {"checkpoint": self.checkpoint_key, "dtype": str(self.dtype).removeprefix("torch."),
                 "device": self.device.type, "compile": compile, "seed": seed}
 
 
