@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from engine.cli import (DTYPES, POLICY_OPTIONS, Parser, add_cache_arguments,
-                        cache_factory_from_args, list_caches, positive_int, resolve_device,
-                        resolve_dtype, run)
+                        cache_factory_from_args, comma_list, list_caches, positive_int,
+                        resolve_device, resolve_dtype, run)
 from engine.errors import UserError
 
 ROOT = Path(__file__).resolve().parent
@@ -47,11 +47,7 @@ def policy_list(text: str) -> list:
 
 
 def int_list(text: str) -> list:
-    try:
-        values = [positive_int(v) for v in text.split(",")]
-    except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
-    return list(dict.fromkeys(values))
+    return list(dict.fromkeys(comma_list(positive_int, "positive token counts")(text)))
 
 
 def build_parser() -> Parser:

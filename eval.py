@@ -18,21 +18,9 @@ from pathlib import Path
 import torch
 
 from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
-                        list_caches, positive_int, resolve_device, resolve_dtype, run)
+                        comma_list, list_caches, positive_int, resolve_device, resolve_dtype,
+                        run)
 from engine.errors import UserError
-
-
-def comma_list(kind, what):
-    def parse(text: str) -> list:
-        try:
-            values = [kind(v) for v in text.split(",") if v.strip()]
-        except (ValueError, argparse.ArgumentTypeError):
-            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of "
-                                             f"{what}") from None
-        if not values:
-            raise argparse.ArgumentTypeError(f"empty list {text!r}")
-        return values
-    return parse
 
 
 def depth(text: str) -> float:

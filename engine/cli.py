@@ -121,3 +121,16 @@ def cache_factory_from_args(args, seed: int = 0):
         raise UserError("--sink/--window/--prefill_chunk apply to compressing policies, not full")
     return make_cache_factory(args.cache, kv_middle=args.kv_middle, positions=args.positions,
                               **region, **options)
+
+
+def comma_list(kind, what):
+    def parse(text: str) -> list:
+        try:
+            values = [kind(v) for v in text.split(",") if v.strip()]
+        except (ValueError, argparse.ArgumentTypeError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of "
+                                             f"{what}") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"empty list {text!r}")
+        return values
+    return parse
