@@ -156,7 +156,7 @@ def ppl_main(args) -> None:
            "compile_s": compile_s, "dtype": str(dtype).removeprefix("torch."),
            "corpus": args.corpus, "text_file": args.text_file}
     if args.curve:
-        from engine.sweep import write_atomic
+        from engine.files import write_atomic
         write_atomic(Path(args.curve), json.dumps({"position": list(range(1, len(ids))),
                                                    "log_ppl": result.curve}))
     if args.json:

@@ -217,6 +217,16 @@ class Transformer(nn.Module):
         # block for single-token steps (regional compilation; prefill shapes stay eager).
         self.block_step: Optional[Callable] = None
 
+    # Device and activation dtype come from the final norm: a quantized linear holds no float
+    # weight to ask.
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
+
     def setup_caches(self, max_batch_size: int, max_seq_length: int,
                      make_cache: Optional[Callable[..., nn.Module]] = None) -> None:
         """Allocate every layer's static cache once, outside any compiled region.
@@ -227,13 +237,12 @@ class Transformer(nn.Module):
         if make_cache is None:
             from caches import FullCache
             make_cache = FullCache
-        p = self.output.weight
         rope = rope_table(max_seq_length, self.args.head_dim, self.args.rope_base,
-                          self.args.rope_scaling).to(p.device)
+                          self.args.rope_scaling).to(self.device)
         for layer in self.layers:
             layer.attention.kv_cache = make_cache(
                 max_batch_size, self.args.n_kv_heads, self.args.head_dim, max_seq_length,
-                p.dtype, rope).to(p.device)
+                self.dtype, rope).to(self.device)
         self.max_batch_size, self.max_seq_length = max_batch_size, max_seq_length
 
     def caches(self) -> list:

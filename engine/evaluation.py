@@ -38,14 +38,14 @@ def compile_step(fn, model: Transformer):
     from engine import generation
     if hasattr(generation, "compile_decode"):
         return generation.compile_decode(fn, model)
-    mode = "reduce-overhead" if model.output.weight.device.type == "cuda" else None
+    mode = "reduce-overhead" if model.device.type == "cuda" else None
     return torch.compile(fn, mode=mode, fullgraph=True)
 
 
 @torch.inference_mode()
 def warmup(model: Transformer, step, batch_size: int) -> float:
     """Run (compile) the step twice so timings exclude compilation; caches are reset after."""
-    dev = model.output.weight.device
+    dev = model.device
     t0 = time.perf_counter()
     token = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
     for t in range(2):
@@ -89,7 +89,7 @@ def batched_streaming_perplexity(model: Transformer, streams: list, step=score_s
                         f"(got lengths {sorted({len(s) for s in streams})})")
     if n < 2:
         raise UserError(f"the text has {n} token(s); perplexity needs at least 2")
-    device = model.output.weight.device
+    device = model.device
     # [n, B] so that every step's tokens are one contiguous row (compiled graphs guard strides)
     ids_t = torch.tensor(streams, device=device).T.contiguous()
     model.reset_caches()

@@ -60,7 +60,7 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor") -> Call
     block (seconds) instead of the whole unrolled model (minutes), and the step is as fast. The
     embedding lookup, head and sampling stay eager: one large matmul each, nothing to fuse.
     """
-    if model.output.weight.device.type == "cuda":
+    if model.device.type == "cuda":
         return torch.compile(fn, mode="reduce-overhead", fullgraph=True, backend=backend)
     model.block_step = torch.compile(run_block, fullgraph=True, dynamic=False, backend=backend)
     # Prompt chunks of compressing caches run eager blocks but compress token by token: compile
@@ -102,7 +102,7 @@ class Generator:
     def __init__(self, model: Transformer, max_seq_length: int, batch_size: int = 1,
                  make_cache=None, compile: bool = False, compile_prefill: bool = False):
         self.model = model
-        self.device = model.output.weight.device
+        self.device = model.device
         self.max_seq_length = max_seq_length
         self.batch_size = batch_size
         with torch.device(self.device):

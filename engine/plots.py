@@ -5,7 +5,6 @@ from a results file alone.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import matplotlib
@@ -13,16 +12,17 @@ import matplotlib
 matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 
+from engine.files import atomic_path  # noqa: E402
+
 
 def save(fig, path) -> Path:
     """Write the figure to a temporary sibling, then rename: never a half-written PNG."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=110)
+    finally:
+        plt.close(fig)
+    return Path(path)
 
 
 def ppl_bars(ppl: dict, reference: dict, labels: list, sizes: list, corpora: list, path):

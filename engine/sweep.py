@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Optional
 
 from engine.errors import UserError
+from engine.files import write_atomic
 
 POLICY_KEYS = ("kv_middle", "positions", "sink", "window", "prefill_chunk", "forgetting_factor",
                "merge_span", "lag", "lag_keep_ratio")
@@ -545,13 +546,6 @@ def run_passkey_grid(env: Setup, pk: PasskeyConfig, store: Optional[ResultStore]
 
 # ---------------------------------------------------------------------------------------------
 # Rendering
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
 
 def passkey_accuracy(rows: list, labels, sizes, lengths, depths) -> dict:
     """{(label, size): {length: {depth: accuracy}}} from passkey rows (last row wins)."""

@@ -144,7 +144,7 @@ def dequantize_int4(packed: Tensor, scales: Tensor, zeros: Tensor) -> Tensor:
 
 
 class QuantizedLinear(nn.Module):
-    """Common part: shapes, float bias, the kernel name and the `weight` stand-in."""
+    """Common part: shapes, float bias and the kernel name."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
@@ -152,13 +152,6 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
         self.kernel = "dequant"  # a Python constant to dynamo: one branch per compiled graph
         self.act_dtype = torch.float32
-
-    @property
-    def weight(self) -> Tensor:
-        # Code that asks a linear's `.weight` for the device and dtype activations use
-        # (Transformer.setup_caches, Generator) gets an empty tensor of those; there is no float
-        # weight to hand out.
-        return torch.empty(0, dtype=self.act_dtype, device=self.qweight.device)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

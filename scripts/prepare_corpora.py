@@ -104,6 +104,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     from engine.default_model import default_checkpoint
+    from engine.files import write_atomic
     from engine.tokenizer import load_tokenizer
     tokenizer = load_tokenizer(default_checkpoint())
 
@@ -111,13 +112,11 @@ def main() -> None:
     index = json.loads(index_path.read_text()) if index_path.exists() else {}
     for name in args.corpus:
         text = CORPORA[name]()
-        tmp = out / f".{name}.txt.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out / f"{name}.txt")
+        write_atomic(out / f"{name}.txt", text)
         n = len(tokenizer.encode(text))
         index[name] = {"file": f"{name}.txt", "chars": len(text), "tokens": n}
         print(f"{name}: {out / (name + '.txt')} ({len(text):,} chars, {n:,} tokens)")
-    index_path.write_text(json.dumps(index, indent=2) + "\n")
+    write_atomic(index_path, json.dumps(index, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -126,7 +126,7 @@ def test_packed_kernel_and_compile_match_eager_formula(mode, dtype):
         if isinstance(mod, QuantizedLinear):
             mod.pack(dtype)
     assert lin.kernel == ("int8pack_bf16" if mode == "int8" else "int4pack_cpu")
-    assert lin.weight.dtype == dtype  # the stand-in Transformer.setup_caches reads
+    assert m.dtype == dtype and not hasattr(lin, "weight")  # caches read the model's dtype
     with torch.inference_mode():
         assert rel_err(lin(x), formula) < 1e-2  # the CPU kernels run a bf16 matmul
         # The engine compiles each block with fullgraph=True; the FFN holds three quantized
