@@ -21,6 +21,7 @@ from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_
                         comma_list, list_caches, positive_int, resolve_device, resolve_dtype,
                         run)
 from engine.errors import UserError
+from engine.files import check_writable, write_atomic
 
 
 def depth(text: str) -> float:
@@ -115,6 +116,8 @@ def ppl_main(args) -> None:
         print(list_caches())
         return
     make_cache = cache_factory_from_args(args, seed=args.seed)
+    if args.curve:
+        check_writable(args.curve, "--curve")
     text, source = load_text(args)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
@@ -156,7 +159,6 @@ def ppl_main(args) -> None:
            "compile_s": compile_s, "dtype": str(dtype).removeprefix("torch."),
            "corpus": args.corpus, "text_file": args.text_file}
     if args.curve:
-        from engine.files import write_atomic
         write_atomic(Path(args.curve), json.dumps({"position": list(range(1, len(ids))),
                                                    "log_ppl": result.curve}))
     if args.json:

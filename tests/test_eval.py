@@ -119,6 +119,9 @@ def test_eval_cli_errors(tmp_path, default_checkpoint):
              "cannot read")
     one_line(run_cli("eval.py", "ppl", *ck, "--text_file", tmp_path / "short.txt",
                      "--cache", "h2o", "--merge_span", "3"), "no option --merge_span")
+    (tmp_path / "file").write_text("")  # a file where --curve needs a directory
+    one_line(run_cli("eval.py", "ppl", *ck, "--text_file", tmp_path / "short.txt",
+                     "--curve", tmp_path / "file" / "curve.json"), "--curve")
 
 
 def test_eval_cli_json(tmp_path, default_checkpoint):
