@@ -185,10 +185,13 @@ def passkey_main(args) -> None:
                        seed=args.seed, corpus=args.corpus, text_file=args.text_file,
                        policies=specs, cache_sizes=args.cache_size, new_tokens=args.new_tokens,
                        batch_size=args.batch_size or 0)
+    store = ResultStore(args.out).check_writable() if args.out else None
+    plot = args.plot or (str(Path(args.out).with_suffix(".png")) if args.out else None)
+    if plot:
+        check_writable(plot, "--plot")
     text, _ = load_text(args)
     env = Setup(args)
     check_passkey_prompts(env.tokenizer, pk, text, env.context)
-    store = ResultStore(args.out) if args.out else None
     fresh = []
     run_passkey_grid(env, pk, store, env.base_key(args.compile, args.seed), haystack_text=text,
                      compile=args.compile, on_cell=fresh.append)
@@ -196,7 +199,6 @@ def passkey_main(args) -> None:
     labels = [s.label for s in specs]
     acc = expand_full(passkey_accuracy(rows, labels, [None] + args.cache_size, args.lengths,
                                        args.depths), args.cache_size)
-    plot = args.plot or (str(Path(args.out).with_suffix(".png")) if args.out else None)
     if plot:
         plots.passkey_heatmaps(acc, labels, args.cache_size, args.lengths, args.depths, plot)
     if args.json:

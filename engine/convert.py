@@ -19,10 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sys
-import uuid
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -31,6 +28,7 @@ import torch
 from engine.checkpoint import CONFIG_NAME, FORMAT, FORMAT_VERSION, WEIGHTS_NAME
 from engine.cli import DTYPES
 from engine.errors import UserError
+from engine.files import publish_dir, staging_dir
 from model import ModelArgs, Transformer, rope_frequencies
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -81,7 +79,7 @@ def convert(source, out_dir, dtype=None, force: bool = False,
 
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        with _staging_dir(out) as tmp:
+        with staging_dir(out) as tmp:
             if kind == "gguf":
                 cfg, state = _convert_gguf(Path(src), tmp, want or torch.float32, log)
             else:
@@ -90,7 +88,11 @@ def convert(source, out_dir, dtype=None, force: bool = False,
             _save_weights(state, tmp / WEIGHTS_NAME)
             (tmp / CONFIG_NAME).write_text(json.dumps(cfg, indent=2) + "\n")
             del state
-            _publish(tmp, out, force)
+            try:
+                publish_dir(tmp, out, replace=force)
+            except FileExistsError:  # someone else created it while we converted
+                raise OutputExistsError(f"--out {out} already exists and is not empty; pass "
+                                        f"--force to replace it") from None
     except OSError as e:  # disk full, permissions, ...: one line, not a traceback
         raise UserError(f"converting into {out} failed: {e}") from None
     log(f"wrote {out}")
@@ -158,37 +160,6 @@ def _check_output(out: Path, force: bool) -> None:
     if out.is_dir() and any(out.iterdir()) and not force:
         raise OutputExistsError(f"--out {out} already exists and is not empty; pass --force "
                                 f"to replace it")
-
-
-@contextmanager
-def _staging_dir(out: Path):
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:12]}"
-    tmp.mkdir()
-    try:
-        yield tmp
-    finally:
-        # On success _publish has moved it away; on any failure (Ctrl-C included) drop it.
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _publish(tmp: Path, out: Path, force: bool) -> None:
-    try:
-        os.rename(tmp, out)  # atomic; also replaces an empty directory
-        return
-    except OSError:
-        if not (out.is_dir() and any(out.iterdir())):
-            raise
-        if not force:  # someone else created it while we converted
-            raise OutputExistsError(f"--out {out} already exists and is not empty; pass "
-                                    f"--force to replace it") from None
-    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
-    os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _save_weights(state: dict, path: Path) -> None:

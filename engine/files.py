@@ -1,8 +1,10 @@
-"""Atomic file output: write a hidden sibling, then rename it over the target, so neither a
-reader nor a Ctrl-C ever sees half a file."""
+"""Atomic output: write a hidden sibling, then rename it over the target, so neither a reader
+nor a Ctrl-C ever sees half a file or half a directory."""
 from __future__ import annotations
 
 import os
+import shutil
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -26,13 +28,15 @@ def atomic_path(path) -> Iterator[Path]:
 
 
 def check_writable(path, what: str) -> None:
-    """Fail before a long run, not after it, when `path`'s directory cannot be written."""
-    parent = Path(path).parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"{what} {path}: cannot create {parent}: {e.strerror or e}") from None
-    if not os.access(parent, os.W_OK):
+    """Fail before a long run, not after it, when `path` could not be created. Creates nothing:
+    the nearest existing ancestor must be a writable directory."""
+    path = Path(path).absolute()
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"{what} {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"{what} {path}: {parent} is not writable")
 
 
@@ -40,3 +44,36 @@ def write_atomic(path, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
+
+
+@contextmanager
+def staging_dir(out: Path) -> Iterator[Path]:
+    """A fresh hidden sibling of `out` to build a directory in; removed unless published."""
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+    finally:
+        # On success publish_dir has moved it away; on any failure (Ctrl-C included) drop it.
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish_dir(tmp: Path, out: Path, replace: bool = False) -> None:
+    """Rename `tmp` to `out` atomically. A non-empty `out` is swapped out and removed when
+    `replace`, else FileExistsError (the caller words the error for its own flags)."""
+    try:
+        os.rename(tmp, out)  # atomic; also replaces an empty directory
+        return
+    except OSError:
+        if not (out.is_dir() and any(out.iterdir())):
+            raise
+        if not replace:  # someone else created it while we worked
+            raise FileExistsError(str(out)) from None
+    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Optional
 
 from engine.errors import UserError
-from engine.files import write_atomic
+from engine.files import check_writable, write_atomic
 
 POLICY_KEYS = ("kv_middle", "positions", "sink", "window", "prefill_chunk", "forgetting_factor",
                "merge_span", "lag", "lag_keep_ratio")
@@ -301,6 +301,14 @@ class ResultStore:
                 out.append(row)
         return out
 
+    def check_writable(self) -> "ResultStore":
+        """Fail before the first cell, not after it, when results could not be appended."""
+        check_writable(self.path, "results file")
+        if self.path.is_dir() or (self.path.exists() and not os.access(self.path, os.W_OK)):
+            raise UserError(f"results file {self.path} is not a writable file; pass another "
+                            f"path")
+        return self
+
     def done(self) -> set:
         return {key_id(r["key"]) for r in self.rows() if isinstance(r.get("key"), dict)}
 
@@ -379,6 +387,7 @@ def run_sweep(cfg: SweepConfig) -> dict:
     t_start = time.perf_counter()
     # Fail on missing corpora before loading anything.
     paths = {c: corpus_path(c, cfg.corpus_dir) for c in cfg.corpora}
+    store = ResultStore(cfg.out_dir / "results.jsonl").check_writable()
     env = Setup(cfg)
     tokenizer, device = env.tokenizer, env.device
     streams = {}
@@ -397,7 +406,6 @@ def run_sweep(cfg: SweepConfig) -> dict:
         if cfg.max_tokens > env.context and (spec.is_full or positions == "original"):
             raise UserError(f"max_tokens {cfg.max_tokens} exceeds the model's context of "
                             f"{env.context} for {spec.label}; lower max_tokens")
-    store = ResultStore(cfg.out_dir / "results.jsonl")
     done = store.done()
     base = env.base_key(cfg.compile, cfg.seed)
 

@@ -20,7 +20,6 @@ Storage format (device independent, what model.safetensors holds):
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import warnings
 from dataclasses import dataclass
@@ -385,7 +384,8 @@ def quantize_checkpoint(checkpoint_path, mode: str, groupsize=None, out=None) ->
     from safetensors.torch import load_file
 
     from engine.checkpoint import CONFIG_NAME, WEIGHTS_NAME, model_args, read_config
-    from engine.convert import _save_weights, _staging_dir
+    from engine.convert import _save_weights
+    from engine.files import publish_dir, staging_dir
 
     if checkpoint_path is None:
         from engine.default_model import default_checkpoint
@@ -423,19 +423,17 @@ def quantize_checkpoint(checkpoint_path, mode: str, groupsize=None, out=None) ->
     qcfg = dict(cfg, quantization=config.to_dict())
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
-        with _staging_dir(dst) as tmp:
+        with staging_dir(dst) as tmp:
             for f in src.iterdir():  # tokenizer files and anything else the loader reads
                 if f.name not in (CONFIG_NAME, WEIGHTS_NAME) and f.is_file():
                     shutil.copy2(f, tmp / f.name)
             _save_weights({k: t.contiguous() for k, t in qstate.items()}, tmp / WEIGHTS_NAME)
             (tmp / CONFIG_NAME).write_text(json.dumps(qcfg, indent=2) + "\n")
             try:
-                os.rename(tmp, dst)  # atomic; fails if dst appeared meanwhile and is not empty
-            except OSError:
-                if dst.exists():
-                    raise UserError(f"--out {dst} already exists; pass a new --out or remove "
-                                    f"it") from None
-                raise
+                publish_dir(tmp, dst)
+            except FileExistsError:  # it appeared while we quantized
+                raise UserError(f"--out {dst} already exists; pass a new --out or remove "
+                                f"it") from None
     except OSError as e:
         raise UserError(f"writing {dst} failed: {e}") from None
     return dst

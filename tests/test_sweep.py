@@ -138,6 +138,8 @@ def test_sweep_config_errors(tmp_path, tiny_checkpoint, corpora):
     fails("unknown corpus 'missing'", corpora=["gen1", "missing"])
     fails("fewer than max_tokens", max_tokens=100000)
     fails("leaves no room for a haystack", passkey={"corpus": "gen1", "lengths": [32]})
+    (tmp_path / "taken").write_text("")  # a file where out_dir needs a directory
+    fails("results file", out_dir=str(tmp_path / "taken"))
     bad = tmp_path / "bad.toml"
     bad.write_text("policies = [full\n")
     with pytest.raises(UserError, match="cannot parse"):
@@ -172,6 +174,10 @@ def test_passkey_cli(tmp_path, tiny_checkpoint, corpora, capsys):
     with pytest.raises(UserError, match="5000 \\+ 8 new tokens exceeds the model's context of 1024"):
         main(["passkey", "--checkpoint_path", str(tiny_checkpoint), "--corpus_dir",
               str(corpora), "--corpus", "gen1", "--lengths", "5000"])
+    # An unusable --out fails before any cell runs, not after the first one.
+    with pytest.raises(UserError, match="is not a writable file"):
+        main(["passkey", "--checkpoint_path", str(tiny_checkpoint), "--corpus_dir",
+              str(corpora), "--corpus", "gen1", "--out", str(tmp_path)])
 
 
 def test_shipped_configs_are_valid():
