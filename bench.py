@@ -7,6 +7,10 @@ decode token (weights + the K/V attention reads) and the bandwidth that implies,
 the machine's own streaming-read bandwidth (measured once per run). `--peer transformers` runs
 the same weights, prompt ids, dtype and token count through `transformers` in the same process.
 
+With --batch_size B, B copies of the prompt decode together: tok/s counts all B sequences, while
+ms/tok and MB/tok are per decode step (each sequence's latency, and the bytes the step reads: the
+weights once, the K/V of all B sequences).
+
     python bench.py --contexts 256,1024,4096 --cache full,weightedkv --compile both
     python bench.py --contexts 1024 --compile off --peer transformers --json
 """
@@ -63,6 +67,8 @@ def build_parser() -> Parser:
                    help="comma-separated cache policies, e.g. full,streaming,weightedkv")
     p.add_argument("--contexts", type=int_list, default=[256, 1024, 4096],
                    help="comma-separated tokens in the cache when decoding is timed")
+    p.add_argument("--batch_size", type=int_list, default=[1],
+                   help="comma-separated batch sizes, e.g. 1,2,4 (the peer runs at 1 only)")
     p.add_argument("--new_tokens", type=positive_int, default=32, help="decode steps timed")
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs; medians reported")
     p.add_argument("--compile", choices=["on", "off", "both"], default="both",
@@ -232,45 +238,49 @@ def context_ids(tokenizer, n: int, text_file) -> list:
     return ids[:n]
 
 
-def bench_engine(model, policy, factory, settings, context, prompt, args, compiled, device):
+def bench_engine(model, policy, factory, settings, context, prompt, args, compiled, device,
+                 batch=1):
     from engine.generation import Generator
     if compiled:
         torch.compiler.reset()  # every row compiles from scratch: compile_s is its own
     reset_peak_memory(device)
     # +1: prefill makes the first token, then new_tokens decode steps are timed.
-    gen = Generator(model, context + args.new_tokens + 1, make_cache=factory, compile=compiled)
+    gen = Generator(model, context + args.new_tokens + 1, batch_size=batch, make_cache=factory,
+                    compile=compiled)
     warm = gen.warmup(0.0, None)
     # A short untimed run warms the loop, the chunked-prefill graph and anything the warm-up
     # step did not reach, without paying for a long prefill (median of repeats absorbs the rest).
     gen.generate(prompt[:48], 3, temperature=0.0)
     runs = [gen.generate(prompt, args.new_tokens + 1, temperature=0.0)
             for _ in range(args.repeats)]
-    tps = statistics.median(g.tokens_per_s for g in runs)
+    steps = statistics.median(g.tokens_per_s for g in runs)  # decode steps per second
     ttft = statistics.median(g.prefill_s for g in runs)
     w, kv = weight_bytes_per_token(model), kv_bytes_per_token(model, context)
-    row = dict(engine="regionkv", policy=policy, **settings, context=context,
+    row = dict(engine="regionkv", policy=policy, **settings, context=context, batch_size=batch,
                compiled=compiled, new_tokens=args.new_tokens,
-               decode_tokens_per_s=tps, decode_ms_per_token=1e3 / tps if tps else None,
-               prefill_tokens_per_s=context / ttft, ttft_s=ttft,
+               decode_tokens_per_s=batch * steps, decode_ms_per_token=1e3 / steps if steps else None,
+               prefill_tokens_per_s=batch * context / ttft, ttft_s=ttft,
                compile_s=warm if compiled else None,
                peak_memory_bytes=peak_memory(device), cache_bytes=gen.cache_bytes,
                weight_bytes_per_token=w, kv_bytes_per_token=kv, bytes_per_token=w + kv,
-               bandwidth_gbs=(w + kv) * tps / 1e9, new_ids=runs[0].new_ids[0])
+               bandwidth_gbs=(w + kv) * steps / 1e9, new_ids=runs[0].new_ids[0])
     del gen
     return row
 
 
 def add_overheads(rows) -> None:
     """Bookkeeping cost per step: ms/token minus that of streaming (sink + window, same budget)
-    at the same context, or else of full at a context equal to the budget (same retained size)."""
-    ms = {(r["policy"], r["cache_size"], r["context"], r["compiled"]): r["decode_ms_per_token"]
-          for r in rows}
+    at the same context, or else of full at a context equal to the budget (same retained size),
+    at the same batch size."""
+    ms = {(r["policy"], r["cache_size"], r["context"], r["compiled"], r.get("batch_size", 1)):
+          r["decode_ms_per_token"] for r in rows}
     for r in rows:
         r["overhead_ms_per_token"] = r["overhead_vs"] = None
         if r["policy"] == "full" or r["decode_ms_per_token"] is None:
             continue
-        for base, key in (("streaming", ("streaming", r["cache_size"], r["context"], r["compiled"])),
-                          ("full", ("full", None, r["cache_size"], r["compiled"]))):
+        b = r.get("batch_size", 1)
+        for base, key in (("streaming", ("streaming", r["cache_size"], r["context"], r["compiled"], b)),
+                          ("full", ("full", None, r["cache_size"], r["compiled"], b))):
             if base != r["policy"] and ms.get(key):
                 r["overhead_ms_per_token"] = r["decode_ms_per_token"] - ms[key]
                 r["overhead_vs"] = f"{base}@{key[2]}"
@@ -400,8 +410,8 @@ def add_peer_ratios(rows, peer_rows) -> None:
     for p in peer_rows:
         p["engine_over_peer"], p["tokens_match"] = {}, None
         for r in rows:
-            if (r["policy"], r["context"], r["cache_size"]) != \
-                    (p["policy"], p["context"], p["cache_size"]):
+            if (r["policy"], r["context"], r["cache_size"], r["batch_size"]) != \
+                    (p["policy"], p["context"], p["cache_size"], 1):
                 continue
             mode = "compiled" if r["compiled"] else "eager"
             if r["decode_tokens_per_s"] and p["decode_tokens_per_s"]:
@@ -442,13 +452,13 @@ def print_table(result) -> None:
           + (f", load average {m['load_average_1min']:.1f} at start" if "load_average_1min" in m
              else ""))
     print(f"machine streaming-read bandwidth: {result['machine_bandwidth_gbs']:.1f} GB/s")
-    head = (f"{'engine':<13}{'mode':<9}{'policy':<18}{'ctx':>6}{'tok/s':>9}{'ms/tok':>8}"
+    head = (f"{'engine':<13}{'mode':<9}{'policy':<18}{'ctx':>6}{'B':>3}{'tok/s':>9}{'ms/tok':>8}"
             f"{'ovh ms':>8}{'prefill/s':>10}{'ttft s':>8}{'comp s':>8}{'MB/tok':>8}{'GB/s':>7}"
             f"{'%bw':>5}{'cacheMiB':>9}{'peakMiB':>8}")
     print(head)
     for r in result["rows"]:
         mode = "compiled" if r["compiled"] else "eager"
-        print(f"{r['engine']:<13}{mode:<9}{r['policy']:<18}{r['context']:>6}"
+        print(f"{r['engine']:<13}{mode:<9}{r['policy']:<18}{r['context']:>6}{r['batch_size']:>3}"
               f"{fmt(r['decode_tokens_per_s'], '.1f'):>9}{fmt(r['decode_ms_per_token'], '.2f'):>8}"
               f"{fmt(r['overhead_ms_per_token'], '+.2f'):>8}{r['prefill_tokens_per_s']:>10.0f}"
               f"{r['ttft_s']:>8.3f}{fmt(r['compile_s'], '.1f'):>8}"
@@ -458,7 +468,7 @@ def print_table(result) -> None:
     for p in result["peer_rows"]:
         ratios = ", ".join(f"{k} {v:.2f}x" for k, v in p["engine_over_peer"].items()) or "-"
         match = {None: "", True: ", greedy tokens match", False: ", greedy tokens DIFFER"}
-        print(f"{'transformers':<13}{'eager':<9}{p['policy']:<18}{p['context']:>6}"
+        print(f"{'transformers':<13}{'eager':<9}{p['policy']:<18}{p['context']:>6}{1:>3}"
               f"{fmt(p['decode_tokens_per_s'], '.1f'):>9}{fmt(p['decode_ms_per_token'], '.2f'):>8}"
               f"{'':>8}{p['prefill_tokens_per_s']:>10.0f}{p['ttft_s']:>8.3f}   "
               f"[{p['peer_cache']}; engine/peer {ratios}{match[p['tokens_match']]}]")
@@ -511,9 +521,11 @@ def main(argv=None) -> None:
     for compiled in modes:
         for policy, (factory, settings) in factories.items():
             for ctx in args.contexts:
-                say(f"{'compiled' if compiled else 'eager'} {policy} at context {ctx}...")
-                rows.append(bench_engine(model, policy, factory, settings, ctx, prompt[:ctx],
-                                         args, compiled, device))
+                for batch in args.batch_size:
+                    say(f"{'compiled' if compiled else 'eager'} {policy} at context {ctx}, "
+                        f"batch {batch}...")
+                    rows.append(bench_engine(model, policy, factory, settings, ctx, prompt[:ctx],
+                                             args, compiled, device, batch))
     for r in rows:
         r["bandwidth_fraction"] = r["bandwidth_gbs"] / bandwidth
     add_overheads(rows)
@@ -542,6 +554,7 @@ def main(argv=None) -> None:
                   str(dtype).removeprefix("torch."), "quantization": cfg.get("quantization"),
                   "parameters": sum(p.numel() for p in model.parameters())},
         "settings": {"new_tokens": args.new_tokens, "repeats": args.repeats,
+                     "batch_sizes": args.batch_size,
                      "contexts": args.contexts, "policies": args.cache},
         "rows": rows, "peer_rows": peer_rows, "notes": notes,
     }

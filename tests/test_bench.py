@@ -17,7 +17,7 @@ def bench(default_checkpoint):
     pytest.importorskip("transformers")
     proc = run_cli("bench.py", "--checkpoint_path", default_checkpoint, "--contexts", CONTEXT,
                    "--new_tokens", NEW, "--repeats", 1, "--compile", "off", "--cache",
-                   "full,streaming", "--cache_size", CACHE_SIZE, "--peer", "transformers",
+                   "full,streaming", "--cache_size", CACHE_SIZE, "--batch_size", "1,2", "--peer", "transformers",
                    "--json", env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)  # stdout is exactly one JSON object
@@ -27,8 +27,9 @@ def test_bench_rows_and_bytes_per_token(bench, default_checkpoint):
     assert bench["machine_bandwidth_gbs"] > 0
     assert bench["machine"]["torch"] and bench["machine"]["threads"] >= 1
     assert bench["model"]["quantization"] is None and bench["model"]["dtype"] == "float32"
-    rows = {r["policy"]: r for r in bench["rows"]}
-    assert set(rows) == {"full", "streaming"}
+    rows = {r["policy"]: r for r in bench["rows"] if r["batch_size"] == 1}
+    pairs = {r["policy"]: r for r in bench["rows"] if r["batch_size"] == 2}
+    assert set(rows) == set(pairs) == {"full", "streaming"} and len(bench["rows"]) == 4
     m = read_config(default_checkpoint)["model"]
     # Independently: every tensor stored in the checkpoint (the tied head is stored once, as the
     # embedding table the head reads whole) plus the one embedding row a token looks up.
@@ -56,6 +57,17 @@ def test_bench_rows_and_bytes_per_token(bench, default_checkpoint):
     assert rows["streaming"]["cache_bytes"] > rows["full"]["cache_bytes"]
     assert rows["full"]["overhead_ms_per_token"] is None
     assert rows["streaming"]["overhead_vs"] is None  # no full row at context 16 to compare with
+    # Two sequences: twice the K/V reads, the weights read once per step, the same
+    # greedy tokens (the prompt is repeated), and tok/s counts both sequences.
+    for name, r in pairs.items():
+        one = rows[name]
+        assert one["cache_bytes"] < r["cache_bytes"] <= 2 * one["cache_bytes"]  # some maps shared
+        assert r["kv_bytes_per_token"] == 2 * one["kv_bytes_per_token"]
+        assert r["weight_bytes_per_token"] == one["weight_bytes_per_token"]
+        assert r["new_ids"] == one["new_ids"]
+        assert r["decode_tokens_per_s"] == pytest.approx(2e3 / r["decode_ms_per_token"])
+        assert r["bandwidth_gbs"] == pytest.approx(r["bytes_per_token"] *
+                                                   r["decode_tokens_per_s"] / 2e9)
 
 
 def test_transformers_peer_is_an_outside_witness(bench):
