@@ -221,7 +221,8 @@ def sweep_main(args) -> None:
         return
     summary = run_sweep(cfg)
     print(json.dumps({k: summary[k] for k in ("cells_run", "cells_skipped", "scored_tokens",
-                                              "passkey_cells", "wall_s", "tokens_per_s")}))
+                                              "passkey_cells", "wall_s", "tokens_per_s",
+                                              "passkey_tokens_per_s")}))
 
 
 def main(argv=None) -> None:

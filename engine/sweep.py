@@ -474,14 +474,17 @@ def run_sweep(cfg: SweepConfig) -> dict:
     summary = {"kind": "run", "config": str(cfg.path), "cells_run": cells_run,
                "cells_skipped": skipped, "scored_tokens": scored, "passkey_cells": pk_cells,
                "passkey_tokens": pk_tokens, "wall_s": round(wall, 3),
-               "tokens_per_s": scored / wall if wall else 0.0,
-               "ppl_wall_s": round(ppl_wall, 3), **base,
+               "tokens_per_s": scored / ppl_wall if ppl_wall else 0.0,
+               "ppl_wall_s": round(ppl_wall, 3),
+               "passkey_tokens_per_s": pk_tokens / (wall - ppl_wall) if pk_cells else 0.0,
+               **base,
                "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if cells_run or pk_cells:
         store.append(summary)
-    _log(f"sweep throughput: {scored} scored tokens in {wall:.1f} s wall = "
-         f"{summary['tokens_per_s']:.1f} tokens/s ({cells_run} ppl cells in {ppl_wall:.1f} s, "
-         f"{pk_cells} passkey cells, {skipped} skipped)")
+    _log(f"sweep throughput: {cells_run} ppl cell(s), {scored} scored tokens in "
+         f"{ppl_wall:.1f} s = {summary['tokens_per_s']:.1f} tokens/s; {pk_cells} passkey "
+         f"cell(s), {pk_tokens} tokens in {wall - ppl_wall:.1f} s = "
+         f"{summary['passkey_tokens_per_s']:.1f} tokens/s; {skipped} skipped; {wall:.1f} s in all")
     render(cfg)
     return summary
 
@@ -631,14 +634,7 @@ def render(cfg: SweepConfig) -> list:
                 cells += [f"{r['ppl']:.3f}{delta}", f"{r['cache_bytes'] / 2**20:.2f}",
                           f"{r['tokens_per_s']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    if runs:
-        last = runs[-1]
-        total_tokens = sum(r.get("scored_tokens", 0) for r in runs)
-        total_wall = sum(r.get("wall_s", 0) for r in runs)
-        lines += ["", f"Sweep throughput: last run {last['scored_tokens']} scored tokens in "
-                      f"{last['wall_s']:.1f} s wall = {last['tokens_per_s']:.1f} tokens/s "
-                      f"({last['cells_run']} cells run, {last['cells_skipped']} resumed); all "
-                      f"{len(runs)} run(s): {total_tokens} tokens in {total_wall:.1f} s."]
+    lines += _throughput_lines(ppl_rows.values(), _passkey_rows(rows, cfg.passkey), runs)
 
     if ppl_rows:
         ppl = {(lb, s, c): r["ppl"] for (lb, s, c), r in ppl_rows.items() if s is not None}
@@ -672,6 +668,42 @@ def render(cfg: SweepConfig) -> list:
     written.append(report)
     _log(f"wrote {', '.join(str(p) for p in written)}")
     return written
+
+
+def _passkey_rows(rows, pk: Optional[PasskeyConfig]) -> list:
+    if pk is None:
+        return []
+    labels = {s.label for s in pk.policies}
+    return [r for r in rows if r.get("key", {}).get("kind") == "passkey"
+            and r.get("label") in labels and r.get("length") in pk.lengths
+            and r["key"].get("trials") == pk.trials]
+
+
+def _throughput_lines(ppl_rows, passkey_rows, runs) -> list:
+    """The sweep's own speed, summed over the cells in the report (a resumed sweep's cells come
+    from several runs): scored tokens per second of perplexity, prompt + answer tokens per
+    second of passkey."""
+    out = []
+    # The corpora of a batched cell share its seconds: each row carries the batch's time.
+    ppl_s = sum(r["seconds"] / r.get("batch", 1) for r in ppl_rows if r.get("seconds"))
+    ppl_tokens = sum(r["tokens"] for r in ppl_rows if r.get("seconds"))
+    if ppl_s:
+        out.append(f"perplexity, {ppl_tokens:,} scored tokens in {ppl_s / 3600:.2f} h of cell "
+                   f"time = {ppl_tokens / ppl_s:.1f} tokens/s")
+    pk_s = sum(r.get("seconds", 0) for r in passkey_rows)
+    pk_tokens = sum(len(r["answers"]) * (r["length"] + r["key"]["new_tokens"])
+                    for r in passkey_rows if r.get("seconds"))
+    if pk_s:
+        out.append(f"passkey, {pk_tokens:,} prompt and answer tokens in {pk_s / 3600:.2f} h = "
+                   f"{pk_tokens / pk_s:.1f} tokens/s")
+    if not out:
+        return []
+    line = "Sweep throughput (every cell of this report, compile time included): " + "; ".join(out) + "."
+    if runs:
+        last = runs[-1]
+        line += (f" Last run: {last['cells_run']} perplexity and {last.get('passkey_cells', 0)} "
+                 f"passkey cell(s) in {last['wall_s']:.0f} s, {last['cells_skipped']} resumed.")
+    return ["", line]
 
 
 def passkey_table(acc: dict, labels, sizes, lengths, depths) -> list:
