@@ -258,7 +258,8 @@ def bench_engine(model, policy, factory, settings, context, prompt, args, compil
     w, kv = weight_bytes_per_token(model), kv_bytes_per_token(model, context)
     row = dict(engine="regionkv", policy=policy, **settings, context=context, batch_size=batch,
                compiled=compiled, new_tokens=args.new_tokens,
-               decode_tokens_per_s=batch * steps, decode_ms_per_token=1e3 / steps if steps else None,
+               decode_tokens_per_s=batch * steps,
+               decode_ms_per_token=1e3 / steps if steps else None,
                prefill_tokens_per_s=batch * context / ttft, ttft_s=ttft,
                compile_s=warm if compiled else None,
                peak_memory_bytes=peak_memory(device), cache_bytes=gen.cache_bytes,
@@ -272,15 +273,15 @@ def add_overheads(rows) -> None:
     """Bookkeeping cost per step: ms/token minus that of streaming (sink + window, same budget)
     at the same context, or else of full at a context equal to the budget (same retained size),
     at the same batch size."""
-    ms = {(r["policy"], r["cache_size"], r["context"], r["compiled"], r.get("batch_size", 1)):
+    ms = {(r["policy"], r["cache_size"], r["context"], r["compiled"], r["batch_size"]):
           r["decode_ms_per_token"] for r in rows}
     for r in rows:
         r["overhead_ms_per_token"] = r["overhead_vs"] = None
         if r["policy"] == "full" or r["decode_ms_per_token"] is None:
             continue
-        b = r.get("batch_size", 1)
-        for base, key in (("streaming", ("streaming", r["cache_size"], r["context"], r["compiled"], b)),
-                          ("full", ("full", None, r["cache_size"], r["compiled"], b))):
+        same = (r["compiled"], r["batch_size"])
+        for base, key in (("streaming", ("streaming", r["cache_size"], r["context"], *same)),
+                          ("full", ("full", None, r["cache_size"], *same))):
             if base != r["policy"] and ms.get(key):
                 r["overhead_ms_per_token"] = r["decode_ms_per_token"] - ms[key]
                 r["overhead_vs"] = f"{base}@{key[2]}"

@@ -28,9 +28,11 @@ def atomic_path(path) -> Iterator[Path]:
 
 
 def check_writable(path, what: str) -> None:
-    """Fail before a long run, not after it, when `path` could not be created. Creates nothing:
-    the nearest existing ancestor must be a writable directory."""
+    """Fail before a long run, not after it, when `path` could not be written. Creates nothing:
+    `path` must not be a directory, and its nearest existing ancestor must be a writable one."""
     path = Path(path).absolute()
+    if path.is_dir():
+        raise UserError(f"{what} {path} is not a writable file; pass another path")
     parent = path.parent
     while not parent.exists():
         parent = parent.parent

@@ -302,9 +302,10 @@ class ResultStore:
         return out
 
     def check_writable(self) -> "ResultStore":
-        """Fail before the first cell, not after it, when results could not be appended."""
+        """Fail before the first cell, not after it, when results could not be appended (rows
+        are appended in place, so the file itself must be writable too)."""
         check_writable(self.path, "results file")
-        if self.path.is_dir() or (self.path.exists() and not os.access(self.path, os.W_OK)):
+        if self.path.exists() and not os.access(self.path, os.W_OK):
             raise UserError(f"results file {self.path} is not a writable file; pass another "
                             f"path")
         return self
@@ -558,13 +559,16 @@ def run_passkey_grid(env: Setup, pk: PasskeyConfig, store: Optional[ResultStore]
 # ---------------------------------------------------------------------------------------------
 # Rendering
 
+def in_passkey_grid(row: dict, labels, sizes, lengths) -> bool:
+    return (row.get("key", {}).get("kind") == "passkey" and row["label"] in labels
+            and row["cache_size"] in sizes and row["length"] in lengths)
+
+
 def passkey_accuracy(rows: list, labels, sizes, lengths, depths) -> dict:
     """{(label, size): {length: {depth: accuracy}}} from passkey rows (last row wins)."""
     acc = {}
     for r in rows:
-        if r.get("key", {}).get("kind") != "passkey" or r["label"] not in labels:
-            continue
-        if r["cache_size"] not in sizes or r["length"] not in lengths:
+        if not in_passkey_grid(r, labels, sizes, lengths):
             continue
         cell = acc.setdefault((r["label"], r["cache_size"]), {}).setdefault(r["length"], {})
         for d, a in r["by_depth"].items():
@@ -634,7 +638,11 @@ def render(cfg: SweepConfig) -> list:
                 cells += [f"{r['ppl']:.3f}{delta}", f"{r['cache_bytes'] / 2**20:.2f}",
                           f"{r['tokens_per_s']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += _throughput_lines(ppl_rows.values(), _passkey_rows(rows, cfg.passkey), runs)
+    pk = cfg.passkey
+    pk_labels = [s.label for s in pk.policies] if pk is not None else []
+    pk_rows = [r for r in rows if pk is not None
+               and in_passkey_grid(r, pk_labels, [None] + pk.cache_sizes, pk.lengths)]
+    lines += _throughput_lines(ppl_rows.values(), pk_rows, runs)
 
     if ppl_rows:
         ppl = {(lb, s, c): r["ppl"] for (lb, s, c), r in ppl_rows.items() if s is not None}
@@ -650,9 +658,7 @@ def render(cfg: SweepConfig) -> list:
         lines += ["", "![ppl](ppl.png)", "", "![running log-ppl](curves.png)", "",
                   "![cache bytes](cache_bytes.png)"]
 
-    pk = cfg.passkey
     if pk is not None:
-        pk_labels = [s.label for s in pk.policies]
         acc = expand_full(passkey_accuracy(rows, pk_labels, [None] + pk.cache_sizes, pk.lengths,
                                            pk.depths), pk.cache_sizes)
         if acc:
@@ -670,35 +676,27 @@ def render(cfg: SweepConfig) -> list:
     return written
 
 
-def _passkey_rows(rows, pk: Optional[PasskeyConfig]) -> list:
-    if pk is None:
-        return []
-    labels = {s.label for s in pk.policies}
-    return [r for r in rows if r.get("key", {}).get("kind") == "passkey"
-            and r.get("label") in labels and r.get("length") in pk.lengths
-            and r["key"].get("trials") == pk.trials]
-
-
 def _throughput_lines(ppl_rows, passkey_rows, runs) -> list:
     """The sweep's own speed, summed over the cells in the report (a resumed sweep's cells come
     from several runs): scored tokens per second of perplexity, prompt + answer tokens per
     second of passkey."""
     out = []
     # The corpora of a batched cell share its seconds: each row carries the batch's time.
-    ppl_s = sum(r["seconds"] / r.get("batch", 1) for r in ppl_rows if r.get("seconds"))
-    ppl_tokens = sum(r["tokens"] for r in ppl_rows if r.get("seconds"))
+    ppl_s = sum(r["seconds"] / r["batch"] for r in ppl_rows)
+    ppl_tokens = sum(r["tokens"] for r in ppl_rows)
     if ppl_s:
         out.append(f"perplexity, {ppl_tokens:,} scored tokens in {ppl_s / 3600:.2f} h of cell "
                    f"time = {ppl_tokens / ppl_s:.1f} tokens/s")
-    pk_s = sum(r.get("seconds", 0) for r in passkey_rows)
+    pk_s = sum(r["seconds"] for r in passkey_rows)
     pk_tokens = sum(len(r["answers"]) * (r["length"] + r["key"]["new_tokens"])
-                    for r in passkey_rows if r.get("seconds"))
+                    for r in passkey_rows)
     if pk_s:
         out.append(f"passkey, {pk_tokens:,} prompt and answer tokens in {pk_s / 3600:.2f} h = "
                    f"{pk_tokens / pk_s:.1f} tokens/s")
     if not out:
         return []
-    line = "Sweep throughput (every cell of this report, compile time included): " + "; ".join(out) + "."
+    line = ("Sweep throughput (every cell of this report, compile time included): "
+            + "; ".join(out) + ".")
     if runs:
         last = runs[-1]
         line += (f" Last run: {last['cells_run']} perplexity and {last.get('passkey_cells', 0)} "

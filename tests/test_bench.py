@@ -17,7 +17,8 @@ def bench(default_checkpoint):
     pytest.importorskip("transformers")
     proc = run_cli("bench.py", "--checkpoint_path", default_checkpoint, "--contexts", CONTEXT,
                    "--new_tokens", NEW, "--repeats", 1, "--compile", "off", "--cache",
-                   "full,streaming", "--cache_size", CACHE_SIZE, "--batch_size", "1,2", "--peer", "transformers",
+                   "full,streaming", "--cache_size", CACHE_SIZE, "--batch_size", "1,2",
+                   "--peer", "transformers",
                    "--json", env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)  # stdout is exactly one JSON object
@@ -160,7 +161,7 @@ def test_policy_overhead_is_measured_against_the_same_budget():
                                          "positions": "original"}
 
     def row(policy, size, ctx, ms):
-        return dict(policy=policy, cache_size=size, context=ctx, compiled=False,
+        return dict(policy=policy, cache_size=size, context=ctx, compiled=False, batch_size=1,
                     decode_ms_per_token=ms)
     rows = [row("full", None, 64, 10.0), row("full", None, 1024, 14.0),
             row("streaming", 64, 1024, 11.0), row("weightedkv", 64, 1024, 12.5),

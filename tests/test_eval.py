@@ -122,6 +122,8 @@ def test_eval_cli_errors(tmp_path, default_checkpoint):
     (tmp_path / "file").write_text("")  # a file where --curve needs a directory
     one_line(run_cli("eval.py", "ppl", *ck, "--text_file", tmp_path / "short.txt",
                      "--curve", tmp_path / "file" / "curve.json"), "--curve")
+    one_line(run_cli("eval.py", "ppl", *ck, "--text_file", tmp_path / "short.txt",
+                     "--curve", tmp_path), "is not a writable file")  # a directory
 
 
 def test_eval_cli_json(tmp_path, default_checkpoint):
