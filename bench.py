@@ -50,8 +50,10 @@ def policy_list(text: str) -> list:
     return list(dict.fromkeys(names))
 
 
-def int_list(text: str) -> list:
-    return list(dict.fromkeys(comma_list(positive_int, "positive token counts")(text)))
+def int_list(what: str):
+    """Comma-separated positive integers, duplicates dropped; `what` names them in errors."""
+    parse = comma_list(positive_int, what)
+    return lambda text: list(dict.fromkeys(parse(text)))
 
 
 def build_parser() -> Parser:
@@ -65,9 +67,9 @@ def build_parser() -> Parser:
     add_cache_arguments(p)
     p.add_argument("--cache", type=policy_list, default=["full"],
                    help="comma-separated cache policies, e.g. full,streaming,weightedkv")
-    p.add_argument("--contexts", type=int_list, default=[256, 1024, 4096],
+    p.add_argument("--contexts", type=int_list("positive token counts"), default=[256, 1024, 4096],
                    help="comma-separated tokens in the cache when decoding is timed")
-    p.add_argument("--batch_size", type=int_list, default=[1],
+    p.add_argument("--batch_size", type=int_list("positive batch sizes"), default=[1],
                    help="comma-separated batch sizes, e.g. 1,2,4 (the peer runs at 1 only)")
     p.add_argument("--new_tokens", type=positive_int, default=32, help="decode steps timed")
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs; medians reported")

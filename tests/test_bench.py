@@ -114,6 +114,7 @@ def assert_one_line_error(status, err, needle):
 @pytest.mark.parametrize("args, needle", [
     (["--cache", "full,nosuch"], "unknown cache policy 'nosuch'"),
     (["--contexts", "256,0"], "--contexts"),
+    (["--batch_size", "1,x"], "--batch_size: '1,x' is not a comma-separated list of positive batch"),
     (["--compile", "maybe"], "--compile"),
     (["--cache", "full", "--kv_middle", "int8"], "--kv_middle int8 needs a policy with a middle"),
 ])
