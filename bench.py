@@ -31,7 +31,7 @@ import torch
 from engine.cli import (DTYPES, POLICY_OPTIONS, Parser, add_cache_arguments,
                         cache_factory_from_args, comma_list, list_caches, positive_int,
                         resolve_device, resolve_dtype, run)
-from engine.errors import UserError
+from core.errors import UserError
 
 ROOT = Path(__file__).resolve().parent
 TEXT_FILES = (ROOT / "data" / "corpora" / "wiki.txt", ROOT / "tests" / "data" / "kjv_genesis_1_2.txt")

@@ -20,7 +20,7 @@ import torch
 from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
                         comma_list, list_caches, positive_int, resolve_device, resolve_dtype,
                         run)
-from engine.errors import UserError
+from core.errors import UserError
 from engine.files import check_writable, write_atomic
 
 

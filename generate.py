@@ -17,7 +17,7 @@ import torch
 from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
                         list_caches, non_negative_float, positive_int, resolve_device,
                         resolve_dtype, run)
-from engine.errors import UserError
+from core.errors import UserError
 
 MAX_SEQ_ROUND = 64
 

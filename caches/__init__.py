@@ -15,7 +15,7 @@ from caches.region import RegionCache
 from caches.streaming import StreamingCache
 from caches.tova import TOVACache
 from caches.weightedkv import WeightedKVCache, WeightedKVEvictCache
-from engine.errors import UserError
+from core.errors import UserError
 
 POLICIES = {
     "full": FullCache,

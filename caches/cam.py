@@ -2,7 +2,7 @@ import torch
 from torch import Tensor
 
 from caches.region import FAR, RegionCache
-from engine.errors import UserError
+from core.errors import UserError
 
 
 def uniform(key: Tensor, cur: Tensor, shape) -> Tensor:

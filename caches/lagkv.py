@@ -4,7 +4,7 @@ import torch
 from torch import Tensor
 
 from caches.region import RegionCache
-from engine.errors import UserError
+from core.errors import UserError
 
 
 class LagKVCache(RegionCache):

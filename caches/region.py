@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from caches.base import KVCache
-from engine.errors import UserError
+from core.errors import UserError
 from model import KVSegment, apply_rope
 from quantize.kv import dequantize_int8, quantize_int8
 

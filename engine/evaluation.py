@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from engine.errors import UserError
+from core.errors import UserError
 from model import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from engine.errors import UserError
+from core.errors import UserError
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from engine.errors import UserError
+from core.errors import UserError
 from model import Transformer
 
 MIN_PREFILL_BUCKET = 16

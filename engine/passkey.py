@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from engine.errors import UserError
+from core.errors import UserError
 
 PREFACE = ("There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
            "I will quiz you about the pass key.\n\n")

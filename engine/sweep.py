@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from engine.errors import UserError
+from core.errors import UserError
 from engine.files import check_writable, write_atomic
 
 POLICY_KEYS = ("kv_middle", "positions", "sink", "window", "prefill_chunk", "forgetting_factor",

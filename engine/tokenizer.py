@@ -50,7 +50,7 @@ from typing import Callable
 import sentencepiece
 import tiktoken
 
-from engine.errors import UserError
+from core.errors import UserError
 
 CONFIG_NAME = "config.json"
 

@@ -31,7 +31,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from engine.errors import UserError
+from core.errors import UserError
+from core.tensors import aligned, read_safetensors
 
 MODES = ("int8", "int4")
 GROUPSIZES = (32, 64, 128, 256)
@@ -173,7 +174,7 @@ class QuantizedLinear(nn.Module):
         failures = []
         for kernel in self._candidates(device, dtype):
             try:
-                state = self._pack_for(kernel, dtype)
+                state = self._packed(kernel, dtype)
                 got = self._run(kernel, state, ref_x)
                 err = (got.float() - expected.float()).norm() / expected.float().norm().clamp(min=EPS)
                 if not err < 2e-2:  # bf16 matmul vs the float formula: ~1e-3
@@ -186,7 +187,12 @@ class QuantizedLinear(nn.Module):
         if failures:
             warnings.warn(f"{type(self).__name__} [{self.out_features}x{self.in_features}] on "
                           f"{device}: no fast kernel ({'; '.join(failures)}); using the plain formula")
-        self._install("dequant", self._pack_for("dequant", dtype))
+        self._install("dequant", self._packed("dequant", dtype))
+
+    def _packed(self, kernel: str, dtype: torch.dtype) -> dict:
+        # Aligned, probe included: the packed CPU kernels crash on AVX-512 when a weight starts
+        # off a 64-byte line (core/tensors.py), and a segfault is no exception to catch.
+        return {k: aligned(t) for k, t in self._pack_for(kernel, dtype).items()}
 
     def _install(self, kernel: str, state: dict) -> None:
         self.kernel = kernel
@@ -381,8 +387,6 @@ def quantize_model(model: nn.Module, config: QuantConfig, pack: Optional[torch.d
 def quantize_checkpoint(checkpoint_path, mode: str, groupsize=None, out=None) -> Path:
     """Write a quantized copy of a float engine checkpoint (None: the default model) to `out`
     (default DIR-int8 / DIR-int4-gG next to it), atomically; UserError on bad input."""
-    from safetensors.torch import load_file
-
     from engine.checkpoint import CONFIG_NAME, WEIGHTS_NAME, model_args, read_config
     from engine.convert import _save_weights
     from engine.files import publish_dir, staging_dir
@@ -410,10 +414,7 @@ def quantize_checkpoint(checkpoint_path, mode: str, groupsize=None, out=None) ->
     weights = src / WEIGHTS_NAME
     if not weights.is_file():
         raise UserError(f"{src} has no {WEIGHTS_NAME}; re-run convert_hf.py")
-    try:
-        state = load_file(str(weights), device="cpu")
-    except Exception as e:  # safetensors raises its own error types for a damaged file
-        raise UserError(f"cannot read {weights}: {str(e).splitlines()[0]}") from None
+    state = read_safetensors(weights)
     try:
         qstate = quantize_state_dict(state, args, config)
     except KeyError as e:

@@ -14,7 +14,7 @@ from caches.tova import TOVACache
 from caches.a2sf import A2SFCache
 from caches.weightedkv import WeightedKVCache
 from conftest import tiny_model
-from engine.errors import UserError
+from core.errors import UserError
 from engine.generation import Generator, compile_decode, decode_one_token
 from model import rope_table
 from quantize.kv import dequantize_int8, quantize_int8

@@ -15,7 +15,7 @@ from conftest import DATA, ROOT, run_cli
 from engine.checkpoint import load_model, read_config
 from engine.convert import OutputExistsError, convert, hf_model_args
 from engine.default_model import default_checkpoint, default_gguf
-from engine.errors import UserError
+from core.errors import UserError
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")

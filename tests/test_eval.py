@@ -8,7 +8,7 @@ import torch
 from caches import FullCache, make_cache_factory
 from conftest import DATA, ROOT, run_cli, tiny_model
 from engine.checkpoint import load_model
-from engine.errors import UserError
+from core.errors import UserError
 from engine.evaluation import (CORPUS_NAMES, batched_streaming_perplexity, encode_prefix,
                                streaming_perplexity)
 from engine.tokenizer import load_tokenizer

@@ -4,7 +4,7 @@ import torch
 
 from caches import make_cache_factory
 from conftest import DATA, tiny_model
-from engine.errors import UserError
+from core.errors import UserError
 from engine.passkey import (NEEDLE, PasskeyPrompt, build_cell_prompts, build_prompt, make_keys,
                             parse_answer, run_cell)
 from engine.tokenizer import load_tokenizer

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from conftest import DATA, run_cli, tiny_model
-from engine.errors import UserError
+from core.errors import UserError
 from engine.sweep import ResultStore, load_config, run_sweep
 from eval import main
 

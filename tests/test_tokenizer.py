@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import UserError
+from core.errors import UserError
 from engine.tokenizer import load_tokenizer, prepare_gguf_tokenizer, prepare_hf_tokenizer
 
 DATA = Path(__file__).resolve().parent / "data"
