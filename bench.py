@@ -426,17 +426,35 @@ def add_peer_ratios(rows, peer_rows) -> None:
 
 # ---- report ---------------------------------------------------------------------------------------
 
+# The instruction sets that decide which CPU kernels run and how fast (and which crash: the
+# machine pool mixes AVX2-only and AVX-512 CPUs).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_identity() -> dict:
+    """Vendor, model name, family/model and the ISA flags that matter, from /proc/cpuinfo."""
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+            if key.strip() == "flags":
+                break
+    except OSError:
+        return {}
+    flags = set(fields.get("flags", "").split())
+    out = {"cpu": fields.get("model name", platform.processor() or platform.machine()),
+           "cpu_vendor": fields.get("vendor_id"),
+           "cpu_family_model": f"{fields.get('cpu family')}/{fields.get('model')}",
+           "isa": [f for f in ISA_FLAGS if f in flags]}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def machine_info(device: torch.device) -> dict:
     info = {"torch": torch.__version__, "python": platform.python_version(),
             "device": str(device), "threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(), "cpu": platform.processor() or platform.machine()}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    info.update(cpu_identity())
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     if hasattr(os, "getloadavg"):  # other work on the machine shows up in the timings
@@ -451,7 +469,8 @@ def fmt(v, spec):
 def print_table(result) -> None:
     m, mo = result["machine"], result["model"]
     print(f"{mo['checkpoint']} ({mo['dtype']}, quantization {mo['quantization']}) on "
-          f"{m.get('gpu') or m['cpu']}, {m['threads']} threads, torch {m['torch']}"
+          f"{m.get('gpu') or m['cpu']} ({', '.join(m.get('isa', [])) or 'ISA unknown'}), "
+          f"{m['threads']} threads, torch {m['torch']}"
           + (f", load average {m['load_average_1min']:.1f} at start" if "load_average_1min" in m
              else ""))
     print(f"machine streaming-read bandwidth: {result['machine_bandwidth_gbs']:.1f} GB/s")
