@@ -206,14 +206,14 @@ def weight_bytes_per_token(model) -> int:
     return total
 
 
-def kv_bytes_per_token(model, filled: int) -> int:
+def kv_bytes_per_token(caches, filled: int) -> int:
     """K/V bytes attention reads per decode step: the full cache's `filled` positions (its static
     buffer's empty tail, masked, is not counted), or every K/V buffer (and int8 scales) of a
     compressing cache, which attends over all its slots. Index maps and statistics are not
     counted."""
     from caches import FullCache
     total = 0
-    for cache in model.caches():
+    for cache in caches:
         kv = sum(b.numel() * b.element_size() for n, b in cache.named_buffers()
                  if n.split("_")[0] in ("k", "v"))
         total += kv * filled // cache.k.shape[2] if isinstance(cache, FullCache) else kv
@@ -257,7 +257,7 @@ def bench_engine(model, policy, factory, settings, context, prompt, args, compil
             for _ in range(args.repeats)]
     steps = statistics.median(g.tokens_per_s for g in runs)  # decode steps per second
     ttft = statistics.median(g.prefill_s for g in runs)
-    w, kv = weight_bytes_per_token(model), kv_bytes_per_token(model, context)
+    w, kv = weight_bytes_per_token(model), kv_bytes_per_token(gen.caches, context)
     row = dict(engine="regionkv", policy=policy, **settings, context=context, batch_size=batch,
                compiled=compiled, new_tokens=args.new_tokens,
                decode_tokens_per_s=batch * steps,
@@ -506,6 +506,8 @@ def main(argv=None) -> None:
         print(list_caches())
         return
     notes = []
+    if args.positions == "auto":  # every timed stream fits the model's context (checked below)
+        args.positions = "original"
     factories = policy_factories(args, notes)
     transformers = None
     if args.peer == "transformers":

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
+                        resolve_positions,
                         comma_list, list_caches, positive_int, resolve_device, resolve_dtype,
                         run)
 from core.errors import UserError
@@ -108,6 +109,7 @@ def ppl_main(args) -> None:
 
     from engine.checkpoint import load_model
     from engine.default_model import default_checkpoint
+    from caches import build_caches
     from engine.evaluation import (compile_step, encode_prefix, score_step, streaming_perplexity,
                                    warmup)
     from engine.tokenizer import load_tokenizer
@@ -131,16 +133,17 @@ def ppl_main(args) -> None:
         raise UserError(f"{source} has {len(ids)} token(s); perplexity needs at least 2")
     model = load_model(ckpt, device=device, dtype=dtype)
     context = model.args.max_position_embeddings
+    resolve_positions(args, len(ids), context)
+    make_cache = cache_factory_from_args(args, seed=args.seed)
     if len(ids) > context and (args.cache == "full" or args.positions == "original"):
         raise UserError(f"{len(ids)} tokens exceed the model's context of {context}; pass "
                         f"--max_tokens {context} or less, or --positions cache with a "
                         f"compressing --cache")
-    with torch.device(device):
-        model.setup_caches(1, max(len(ids), cache_slots(args)), make_cache)
+    caches = build_caches(model, 1, max(len(ids), cache_slots(args)), make_cache)
     step, compile_s = score_step, 0.0
     if args.compile:
-        step = compile_step(score_step, model)
-        compile_s = warmup(model, step, 1)
+        step = compile_step(score_step, model, caches)
+        compile_s = warmup(model, caches, step, 1)
 
     bar = tqdm(total=len(ids) - 1, unit="tok", disable=args.json or not sys.stderr.isatty())
 
@@ -149,9 +152,9 @@ def ppl_main(args) -> None:
             bar.update(n - bar.n)
             bar.set_postfix(ppl=f"{math.exp(nlls.mean().item()):.2f}")
 
-    result = streaming_perplexity(model, ids, step, progress)
+    result = streaming_perplexity(model, caches, ids, step, progress)
     bar.close()
-    cache_bytes = sum(c.nbytes for c in model.caches())
+    cache_bytes = sum(c.nbytes for c in caches)
     out = {"nll": result.nll, "ppl": result.ppl, "tokens": result.tokens,
            "cache": args.cache, "cache_size": args.cache_size if args.cache != "full" else None,
            "kv_middle": args.kv_middle, "positions": args.positions,

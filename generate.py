@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
+                        resolve_positions,
                         list_caches, non_negative_float, positive_int, resolve_device,
                         resolve_dtype, run)
 from core.errors import UserError
@@ -29,6 +30,10 @@ def build_parser() -> Parser:
                         "embedded SmolLM2-135M-Instruct")
     p.add_argument("--prompt", default="Hello, my name is")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--interactive", action="store_true",
+                   help="multi-turn chat in the terminal, one session whose cache is never reset "
+                        "(/exit or Ctrl-D ends, /reset starts over, /save FILE writes the session)")
+    p.add_argument("--system", default=None, help="system message of --chat / --interactive")
     p.add_argument("--max_new_tokens", type=positive_int, default=200)
     p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 = greedy")
     p.add_argument("--top_k", type=positive_int, default=200)
@@ -80,7 +85,7 @@ def profiled(gen, device: torch.device):
                 return fn(*a, **k)
         return wrapped
 
-    gen.prefill_prompt = label("prefill", gen.prefill_prompt)
+    gen.append = label("prefill", gen.append)
     gen.decode_fn = label("decode", gen.decode_fn)
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
@@ -95,22 +100,54 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 class TextStream:
-    """Prints decoded text as tokens arrive; holds back incomplete UTF-8 sequences."""
+    """Prints decoded text as tokens arrive (an incremental detokenizer: linear in the length of
+    the output); holds back incomplete UTF-8 sequences."""
 
     def __init__(self, tokenizer, skip_ids, out=sys.stdout):
-        self.tokenizer, self.skip, self.out = tokenizer, set(skip_ids), out
-        self.ids, self.printed = [], 0
+        from engine.tokenizer import StreamingDetokenizer
+        self.detok, self.skip, self.out = StreamingDetokenizer(tokenizer), set(skip_ids), out
 
     def __call__(self, token_id: int) -> None:
         if token_id in self.skip:
             return
-        self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):
+        text = self.detok.add(token_id)
+        if text:
+            self.out.write(text)
+            self.out.flush()
+
+
+def interactive(args, session, tokenizer) -> None:
+    """The terminal chat: one Session for the whole conversation (engine/chat.py)."""
+    from engine.chat import Chat
+    chat = Chat(session, tokenizer, args.system)
+    print("chat: /exit or Ctrl-D ends, /reset starts over, /save FILE writes the session",
+          file=sys.stderr)
+    while True:
+        seen = max(session.positions)
+        try:
+            line = input(f"[{seen} tokens, cache {session.cache_bytes / 2**20:.1f} MiB] > ")
+        except EOFError:
+            print()
             return
-        self.out.write(text[self.printed:])
-        self.out.flush()
-        self.printed = len(text)
+        command, _, rest = line.strip().partition(" ")
+        try:
+            if command == "/exit":
+                return
+            if command == "/reset":
+                chat.reset()
+                print("(new conversation)")
+                continue
+            if command == "/save":
+                if not rest.strip():
+                    raise UserError("/save needs a file name: /save FILE")
+                session.save(rest.strip())
+                print(f"(saved {rest.strip()})")
+                continue
+            chat.turn(line, args.max_new_tokens, args.temperature, args.top_k,
+                      callback=TextStream(tokenizer, tokenizer.eos_ids))
+            print()
+        except UserError as e:  # a bad turn ends the turn, not the chat
+            print(f"error: {e}", file=sys.stderr)
 
 
 def main(argv=None) -> None:
@@ -119,10 +156,13 @@ def main(argv=None) -> None:
         print(list_caches())
         return
     profile_path = check_profile_path(args.profile) if args.profile else None
-    make_cache = cache_factory_from_args(args, seed=args.seed or 0)
+    if args.interactive and (args.json or args.num_samples > 1 or args.profile):
+        raise UserError("--interactive is a terminal chat; it takes no --json, --num_samples "
+                        "or --profile")
+    cache_factory_from_args(args, seed=args.seed or 0)  # bad cache flags fail before loading
     from engine.checkpoint import load_model, read_config
     from engine.default_model import default_checkpoint
-    from engine.generation import Generator
+    from engine.generation import Generator, Session
     from engine.tokenizer import load_tokenizer
 
     device = resolve_device(args.device)
@@ -134,15 +174,25 @@ def main(argv=None) -> None:
 
     text = args.prompt
     if args.chat:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+        system = [{"role": "system", "content": args.system}] if args.system else []
+        text = tokenizer.apply_chat_template(system + [{"role": "user", "content": args.prompt}])
     # A chat template writes its own BOS when the model wants one.
     prompt = tokenizer.encode(text, bos=False if args.chat else None)
-    if not prompt:
+    if not prompt and not args.interactive:
         raise UserError("the prompt is empty after tokenization; pass a non-empty --prompt")
 
+    # A chat's length is unknown: auto gives a compressing cache rank positions (unbounded).
+    positions = resolve_positions(
+        args, None if args.interactive else len(prompt) + args.max_new_tokens, context)
+    make_cache = cache_factory_from_args(args, seed=args.seed or 0)
     max_seq_length = args.max_seq_length
     round_up = lambda n: -(-n // MAX_SEQ_ROUND) * MAX_SEQ_ROUND  # noqa: E731
-    if args.cache != "full" and args.positions == "cache":
+    if args.interactive and not (args.cache != "full" and positions == "cache"):
+        max_seq_length = max_seq_length or context
+        if max_seq_length > context:
+            raise UserError(f"--max_seq_length {max_seq_length} exceeds the model's context of "
+                            f"{context} tokens; use at most {context}")
+    elif args.cache != "full" and positions == "cache":
         # Keys rotate by their rank in the cache: positions never outgrow it, so the stream is
         # unbounded and the RoPE table only has to cover the cache.
         max_seq_length = max_seq_length or min(round_up(cache_slots(args)), context)
@@ -165,12 +215,13 @@ def main(argv=None) -> None:
         torch.manual_seed(args.seed)
     t = time.perf_counter()
     model = load_model(ckpt, device=device, dtype=dtype)
-    gen = Generator(model, max_seq_length, make_cache=make_cache,
-                    compile=args.compile, compile_prefill=args.compile_prefill)
+    kind = Session if args.interactive else Generator
+    gen = kind(model, max_seq_length=max_seq_length, make_cache=make_cache,
+               compile=args.compile, compile_prefill=args.compile_prefill)
     load_s = time.perf_counter() - t
     if not args.json:
         print(f"loaded {ckpt} in {load_s:.1f} s ({device}, {str(dtype).removeprefix('torch.')}, "
-              f"cache {args.cache})", file=sys.stderr)
+              f"cache {args.cache}, positions {positions})", file=sys.stderr)
     compile_s = None
     if args.compile:
         if not args.json:
@@ -178,6 +229,9 @@ def main(argv=None) -> None:
         compile_s = gen.warmup(args.temperature, args.top_k)
         if not args.json:
             print(f"compiled in {compile_s:.1f} s", file=sys.stderr)
+    if args.interactive:
+        interactive(args, gen, tokenizer)
+        return
 
     prof = profiled(gen, device) if profile_path else None
     if prof:
@@ -212,7 +266,8 @@ def main(argv=None) -> None:
 
     memory = {"cache_bytes": gen.cache_bytes, "peak_memory_bytes": peak_memory_bytes(device)}
     if args.json:
-        result = dict(samples[0], **memory, cache=args.cache, device=str(device), compile_s=compile_s,
+        result = dict(samples[0], **memory, cache=args.cache, positions=positions,
+                      device=str(device), compile_s=compile_s,
                       dtype=str(dtype).removeprefix("torch."), max_seq_length=max_seq_length)
         if args.num_samples > 1:
             result["samples"] = samples

@@ -1,8 +1,8 @@
 """A Llama-family transformer in one file.
 
 Covers Llama 1/2/3/3.1, Mistral-style GQA models, SmolLM2 and Qwen2-style q/k/v bias. The model
-never owns a KV cache policy: each Attention talks to a cache object (see caches/base.py) that
-writes this step's K/V into static buffers and returns what to attend to and the mask.
+owns no KV cache: forward takes one cache object per layer (caches/base.py states the contract),
+so any number of independent sessions run on one model.
 
 Q/K use the half-split RoPE layout (rotate the first half of each head against the second);
 convert_hf.py permutes Meta-interleaved checkpoints (GGUF, consolidated.pth) into it.
@@ -122,32 +122,39 @@ class KVSegment(NamedTuple):
         return (probs * self.v_scale.transpose(-1, -2)) @ self.v.float()
 
 
-def attend(q: Tensor, segments: list, mask: Tensor, cache=None) -> Tensor:
-    """Attention of q [B, H, T, D] over KV segments (Hkv heads) under mask [B|1, Hkv|1, T, S].
+class KVView(NamedTuple):
+    """What a cache hands attention for one step: the rotated query, the stretches of slots to
+    attend over (S in all) and the mask [B, Hkv|1, T, S] over them (True = attend)."""
+    q: Tensor
+    segments: list
+    mask: Tensor
 
-    If `cache.wants_probs`, the probabilities [B, Hkv, G, T, S] go to `cache.observe`.
+
+def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+    """Attention of view.q [B, H, T, D] over its KV segments (Hkv heads).
+
+    Returns (y [B, H, T, D], probs): probs [B, Hkv, G, T, S] (float32) when `need_probs`, else
+    None. One segment in the model dtype without probabilities goes through fused SDPA.
     """
+    q, segments, mask = view
     B, H, T, D = q.shape
     Hkv = segments[0].k.shape[1]
     G = H // Hkv
     # GQA without repeating K/V: fold each KV group's query heads into the query axis.
     qg = q.reshape(B, Hkv, G * T, D)
     mask = mask.unsqueeze(2).expand(-1, -1, G, -1, -1).flatten(2, 3)
-    wants_probs = cache is not None and cache.wants_probs
-    if len(segments) == 1 and segments[0].k_scale is None and not wants_probs:
+    if len(segments) == 1 and segments[0].k_scale is None and not need_probs:
         y = F.scaled_dot_product_attention(qg, segments[0].k, segments[0].v, attn_mask=mask)
-    else:
-        # Explicit softmax: policies that score tokens need the probabilities (SDPA hides
-        # them), and int8 stretches are dequantized here, by their per-token scales, on the
-        # fly: q.(s k) = s (q.k) and p.(s v) = (p s).v, never a dequantized copy of the cache.
-        scores = torch.cat([seg.scores(qg) for seg in segments], dim=-1) / math.sqrt(D)
-        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-        y = sum(seg.mix(p) for seg, p in
-                zip(segments, probs.split([seg.k.shape[2] for seg in segments], dim=-1)))
-        y = y.to(q.dtype)
-        if wants_probs:
-            cache.observe(probs.view(B, Hkv, G, T, -1))
-    return y.view(B, H, T, D)
+        return y.view(B, H, T, D), None
+    # Explicit softmax: policies that score tokens need the probabilities (SDPA hides them),
+    # and int8 stretches are dequantized here, by their per-token scales, on the fly:
+    # q.(s k) = s (q.k) and p.(s v) = (p s).v, never a dequantized copy of the cache.
+    scores = torch.cat([seg.scores(qg) for seg in segments], dim=-1) / math.sqrt(D)
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    y = sum(seg.mix(p) for seg, p in
+            zip(segments, probs.split([seg.k.shape[2] for seg in segments], dim=-1)))
+    y = y.to(q.dtype).view(B, H, T, D)
+    return y, (probs.view(B, Hkv, G, T, -1) if need_probs else None)
 
 
 class Attention(nn.Module):
@@ -157,9 +164,8 @@ class Attention(nn.Module):
         qkv_dim = (args.n_head + 2 * args.n_kv_heads) * args.head_dim
         self.wqkv = nn.Linear(args.dim, qkv_dim, bias=args.attention_bias)
         self.wo = nn.Linear(args.n_head * args.head_dim, args.dim, bias=False)
-        self.kv_cache = None  # set by Transformer.setup_caches
 
-    def forward(self, x: Tensor, input_pos: Tensor) -> Tensor:
+    def forward(self, x: Tensor, input_pos: Tensor, cache) -> Tensor:
         B, T, _ = x.shape
         H, Hkv, D = self.n_head, self.n_kv_heads, self.head_dim
         q, k, v = self.wqkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
@@ -167,12 +173,12 @@ class Attention(nn.Module):
         k = k.view(B, T, Hkv, D).transpose(1, 2)
         v = v.view(B, T, Hkv, D).transpose(1, 2)
 
-        # The cache applies RoPE (it owns the position map), stores K/V with n_kv_heads and
-        # returns the stretches of slots to attend over (each K/V in the model dtype, or int8
-        # with per-token scales) plus one boolean mask [B|1, Hkv|1, T, S] over all of them.
-        q, segments, mask = self.kv_cache.update(input_pos, q, k, v)
-
-        y = attend(q, segments, mask, self.kv_cache)
+        # The cache contract (caches/base.py): update applies RoPE (the cache owns the position
+        # map), stores K/V with n_kv_heads and returns what to attend over; commit receives the
+        # probabilities (only if the policy scores by attention) and compresses.
+        view = cache.update(input_pos, q, k, v)
+        y, probs = attend(view, need_probs=cache.wants_probs)
+        cache.commit(input_pos, probs)
         y = y.transpose(1, 2).reshape(B, T, H * D)
         return self.wo(y)
 
@@ -196,8 +202,8 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
-    def forward(self, x: Tensor, input_pos: Tensor) -> Tensor:
-        h = x + self.attention(self.attention_norm(x), input_pos)
+    def forward(self, x: Tensor, input_pos: Tensor, cache) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), input_pos, cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -211,8 +217,6 @@ class Transformer(nn.Module):
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        self.max_batch_size = -1
-        self.max_seq_length = -1
         # Set by engine.generation.compile_decode on CPU: one compiled function that runs any
         # block for single-token steps (regional compilation; prefill shapes stay eager).
         self.block_step: Optional[Callable] = None
@@ -227,41 +231,23 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.norm.weight.dtype
 
-    def setup_caches(self, max_batch_size: int, max_seq_length: int,
-                     make_cache: Optional[Callable[..., nn.Module]] = None) -> None:
-        """Allocate every layer's static cache once, outside any compiled region.
+    def rope(self, max_len: int) -> Tensor:
+        """The RoPE table [max_len, head_dim // 2, 2] (float32) that caches rotate keys with."""
+        a = self.args
+        return rope_table(max_len, a.head_dim, a.rope_base, a.rope_scaling).to(self.device)
 
-        make_cache(batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope) builds one
-        layer's cache; the default is the plain full cache.
+    def forward(self, idx: Tensor, input_pos: Tensor, caches, out_idx: Optional[Tensor] = None
+                ) -> Tensor:
+        """idx [B, T] token ids at positions input_pos [B, T] (or [T], shared by the rows), with
+        one cache per layer (the model owns none: a session does); logits [B, T, vocab] in
+        float32. out_idx selects which of the T positions get logits (prefill needs the last).
         """
-        if make_cache is None:
-            from caches import FullCache
-            make_cache = FullCache
-        rope = rope_table(max_seq_length, self.args.head_dim, self.args.rope_base,
-                          self.args.rope_scaling).to(self.device)
-        for layer in self.layers:
-            layer.attention.kv_cache = make_cache(
-                max_batch_size, self.args.n_kv_heads, self.args.head_dim, max_seq_length,
-                self.dtype, rope).to(self.device)
-        self.max_batch_size, self.max_seq_length = max_batch_size, max_seq_length
-
-    def caches(self) -> list:
-        return [layer.attention.kv_cache for layer in self.layers]
-
-    def reset_caches(self) -> None:
-        for cache in self.caches():
-            cache.reset()
-
-    def forward(self, idx: Tensor, input_pos: Tensor, out_idx: Optional[Tensor] = None) -> Tensor:
-        """idx [B, T] token ids at positions input_pos [T]; logits [B, T, vocab] in float32.
-
-        out_idx selects which of the T positions get logits (prefill needs only the last one).
-        """
-        assert self.layers[0].attention.kv_cache is not None, "call setup_caches() first"
+        if input_pos.dim() == 1:
+            input_pos = input_pos.view(1, -1).expand(idx.shape[0], -1)
         x = self.tok_embeddings(idx)
         step = self.block_step if idx.shape[1] == 1 else None
-        for layer in self.layers:
-            x = step(layer, x, input_pos) if step is not None else layer(x, input_pos)
+        for layer, cache in zip(self.layers, caches):
+            x = step(layer, x, input_pos, cache) if step is not None else layer(x, input_pos, cache)
         if out_idx is not None:
             x = x[:, out_idx]
         return self.output(self.norm(x)).float()

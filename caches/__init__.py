@@ -4,6 +4,9 @@ Adding a policy: one file with a RegionCache subclass, plus one line in POLICIES
 """
 from __future__ import annotations
 
+import torch
+import torch.nn as nn
+
 from caches.a2sf import A2SFCache
 from caches.base import KVCache
 from caches.cam import CaMCache
@@ -68,9 +71,9 @@ def region_sizes(name: str, cache_size: int, sink=None, window=None) -> tuple[in
 
 def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=None,
                        window=None, kv_middle: str = "model", positions: str = "original",
-                       chunk: int = DEFAULT_CHUNK, seed: int = 0, **options):
-    """A callable(batch, n_kv_heads, head_dim, max_seq_length, dtype, rope) building one
-    layer's cache of policy `name`, for Transformer.setup_caches."""
+                       chunk: int = DEFAULT_CHUNK, seed: int = 0, **options) -> "CacheFactory":
+    """The builder of one layer's cache of policy `name` (see CacheFactory); UserError names
+    a bad setting."""
     if name not in POLICIES:
         raise UserError(f"unknown cache policy {name!r}; choose one of {', '.join(POLICIES)}")
     cls = POLICIES[name]
@@ -91,7 +94,7 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
         if positions == "cache":
             raise UserError("--positions cache needs a compressing policy; full keeps every "
                             "position")
-        return FullCache
+        return CacheFactory(FullCache, {}, {"policy": name})
     if kv_middle == "int8" and not cls.has_middle:
         raise UserError(f"--kv_middle int8 needs a policy with a middle region; {name} has none")
     if cache_size < 2:
@@ -99,22 +102,43 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
     sink, window, middle = region_sizes(name, cache_size, sink, window)
     cls.check_options(window, **options)
     int8 = kv_middle == "int8" or getattr(cls, "always_int8", False)
-    return LayerFactory(cls, dict(sink=sink, window=window, middle=middle, chunk=chunk,
-                                  middle_int8=int8, positions=positions, seed=seed, **options))
+    spec = dict(policy=name, cache_size=cache_size, sink=sink, window=window, kv_middle=kv_middle,
+                positions=positions, chunk=chunk, seed=seed, **options)
+    return CacheFactory(cls, dict(sink=sink, window=window, middle=middle, chunk=chunk,
+                                  middle_int8=int8, positions=positions, seed=seed, **options),
+                        spec)
 
 
-class LayerFactory:
-    """Builds one cache per layer, numbering the layers (CaM's random streams differ by layer)."""
+class CacheFactory:
+    """Builds one layer's cache: factory(batch_size, n_kv_heads, head_dim, max_seq_length,
+    dtype, rope, layer_id). `spec` is the keyword form of make_cache_factory that made it (what
+    a saved session records, and what make_cache_factory(**spec) rebuilds)."""
 
-    def __init__(self, cls, kwargs: dict):
-        self.cls, self.kwargs, self.layers = cls, kwargs, 0
+    def __init__(self, cls, kwargs: dict, spec: dict):
+        self.cls, self.kwargs, self.spec = cls, kwargs, spec
 
-    def __call__(self, batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope):
-        cache = self.cls(batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope,
-                         layer_id=self.layers, **self.kwargs)
-        self.layers += 1
-        return cache
+    def __call__(self, batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope,
+                 layer_id: int = 0) -> KVCache:
+        return self.cls(batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope,
+                        layer_id=layer_id, **self.kwargs)
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "CacheFactory":
+        spec = dict(spec)
+        return make_cache_factory(spec.pop("policy"), **spec)
+
+
+def build_caches(model, batch_size: int, max_seq_length: int, make_cache=None) -> nn.ModuleList:
+    """One cache per layer of `model`, on its device and in its dtype, for batch_size streams of
+    up to max_seq_length positions (the RoPE table's length). Allocated once, here."""
+    make_cache = make_cache or make_cache_factory("full")
+    args = model.args
+    rope = model.rope(max_seq_length)
+    with torch.device(model.device):
+        return nn.ModuleList(make_cache(batch_size, args.n_kv_heads, args.head_dim,
+                                        max_seq_length, model.dtype, rope, layer_id=i)
+                             for i in range(args.n_layer))
 
 
 __all__ = ["KVCache", "RegionCache", "FullCache", "POLICIES", "make_cache_factory", "describe",
-           "policy_options", "region_sizes"]
+           "policy_options", "region_sizes", "build_caches", "CacheFactory"]

@@ -10,6 +10,7 @@ class A2SFCache(RegionCache):
     State: s [B, Hkv, C]. Option: forgetting_factor alpha (default 0.2).
     """
     stats = ("s",)
+    wants_probs = True
     options = {"forgetting_factor": 0.2}
     description = "evict the lowest attention score accumulated with a forgetting factor"
 

@@ -1,14 +1,21 @@
-"""The interface between attention and a KV cache.
+"""The contract between attention and a KV cache.
 
-Attention hands the cache this step's un-rotated q/k and v; the cache applies RoPE at the positions
-it chooses, writes K/V into its static buffers (allocated once, in __init__) and returns the
-query, the keys/values to attend over and a boolean mask. Policies that score tokens by attention
-set `wants_probs` and receive the probabilities through `observe` after the attention product.
+Each step, for one layer:
+
+    view = cache.update(input_pos, q, k, v)          # rotate, store, say what to attend over
+    y, probs = attend(view, need_probs=cache.wants_probs)
+    cache.commit(input_pos, probs)                   # statistics and compression happen here
+
+`update` takes this step's un-rotated q [B, H, T, D] and k/v [B, Hkv, T, D] at positions
+input_pos [B, T] (each row at its own position), applies RoPE at the positions it chooses,
+writes K/V into its static buffers (allocated once, in __init__) and returns a model.KVView.
+Only policies that score tokens by attention set `wants_probs`; the others get probs = None and
+their attention goes through fused SDPA when their slots are one stretch in the model dtype.
 Stretches stored in int8 come back as int8 with their scales; attention folds the scales into
 the scores and the probabilities instead of materialising a dequantized copy.
 
-Every tensor a cache allocates lives in a registered buffer, so `nbytes` is exact and `.to()`
-moves it.
+Every tensor a cache allocates lives in a registered buffer, so `nbytes` is exact, `.to()`
+moves it, and `state()` is everything a saved session needs.
 """
 from __future__ import annotations
 
@@ -16,13 +23,14 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from model import KVSegment, apply_rope
+from model import KVSegment, KVView, apply_rope  # noqa: F401  (KVSegment: for policies)
 
 
 class KVCache(nn.Module):
     wants_probs = False
     has_middle = False
     prefill_chunk = None  # None: any prompt length in one call; N: feed prompts N tokens at a time
+    unbounded = False     # True: positions never run out (keys rotate by rank in the cache)
     description = ""      # one line for --list_caches
     options: dict = {}    # policy options (name -> default) a policy accepts
 
@@ -30,28 +38,30 @@ class KVCache(nn.Module):
     def check_options(cls, window: int, **options) -> None:
         """Raise UserError for option values the policy cannot run with."""
 
-    def __init__(self, rope: Tensor):
+    def __init__(self, rope: Tensor, layer_id: int = 0):
         super().__init__()
+        self.layer_id = layer_id
         self.register_buffer("rope", rope, persistent=False)  # [max_len, D // 2, 2] float32
 
-    def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor):
-        """q [B, H, T, D], k/v [B, Hkv, T, D] (un-rotated) at positions input_pos [T].
-
-        Returns (q, segments, mask): q rotated, a list of KVSegment (the slots to attend over,
-        S in all) and mask [B|1, Hkv|1, T, S] (True = attend), in segment order."""
+    def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> KVView:
+        """q [B, H, T, D], k/v [B, Hkv, T, D] (un-rotated) at positions input_pos [B, T]."""
         raise NotImplementedError
 
-    def observe(self, probs: Tensor) -> None:
-        """Attention probabilities [B, Hkv, G, T, S] (float32) of this step."""
+    def commit(self, input_pos: Tensor, probs) -> None:
+        """After attention: probs [B, Hkv, G, T, S] (float32) if `wants_probs`, else None."""
 
     def reset(self) -> None:
         raise NotImplementedError
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
-        return apply_rope(x, self.rope[positions])
+        """x [B, H, T, D] rotated at positions [B, T]."""
+        return apply_rope(x, self.rope[positions].unsqueeze(1))
+
+    def state(self) -> dict:
+        """The buffers that hold the stream (the shared RoPE table excluded)."""
+        return {name: b for name, b in self.named_buffers() if name != "rope"}
 
     @property
     def nbytes(self) -> int:
         """Exact bytes of the K/V storage and index maps (the shared RoPE table excluded)."""
-        return sum(b.numel() * b.element_size() for name, b in self.named_buffers()
-                   if name != "rope")
+        return sum(b.numel() * b.element_size() for b in self.state().values())

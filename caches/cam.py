@@ -5,20 +5,18 @@ from caches.region import FAR, RegionCache
 from core.errors import UserError
 
 
-def uniform(key: Tensor, cur: Tensor, shape) -> Tensor:
-    """Counter-based uniform draws in [0, 1), one per element of `shape`, from (key, cur).
+def uniform(key: Tensor, cur: Tensor, n: int) -> Tensor:
+    """Counter-based uniform draws in [0, 1) [B, n, 1]: draw i of row b from (key, cur[b], i).
 
     A splitmix-style integer hash: reproducible under a seed and free of generator state, so a
     compiled graph (or a CUDA graph) replays it exactly.
     """
-    n = 1
-    for s in shape:
-        n *= s
-    x = key * 0x9E3779B9 + cur * 0x85EBCA6B + torch.arange(n, device=key.device) * 0xC2B2AE35
+    x = (key * 0x9E3779B9 + cur.view(-1, 1).long() * 0x85EBCA6B
+         + torch.arange(n, device=key.device) * 0xC2B2AE35)
     for mul in (0xBF58476D1CE4E5B9 >> 2, 0x94D049BB133111EB >> 2):
         x = (x ^ (x >> 31)) * mul
     x = x ^ (x >> 29)
-    return ((x & 0xFFFFFF).float() / float(1 << 24)).view(shape)
+    return ((x & 0xFFFFFF).float() / float(1 << 24)).unsqueeze(-1)
 
 
 class CaMCache(RegionCache):
@@ -32,6 +30,7 @@ class CaMCache(RegionCache):
     """
     has_middle = False
     stats = ("acc",)
+    wants_probs = True
     options = {"merge_span": 16}
     description = "sinks + window; the evicted token's value is merged into the next ones, by chance"
 
@@ -61,7 +60,7 @@ class CaMCache(RegionCache):
         prob = torch.where(a_next > 0, (a_i / a_next.clamp(min=1e-30)).clamp(0, 1), 1.0)
         # Draws depend on (seed, layer, position, head), not on the batch row: a stream merges
         # the same way alone or batched with others (the sweep batches corpora).
-        draw = uniform(self.rng_key, cur, (1, H, 1)) < prob
+        draw = uniform(self.rng_key, cur, H) < prob
         merge = (do.unsqueeze(-1) & draw & (count > 0)).squeeze(-1)
         share = self.read_v(i) / count.clamp(min=1)  # [B, H, D]
         # Middle-less: the following tokens all sit in the fast region.

@@ -3,13 +3,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from caches.base import KVCache, KVSegment
+from caches.base import KVCache, KVSegment, KVView
+
+
+def scatter_tokens(buf: Tensor, slots: Tensor, x: Tensor) -> None:
+    """buf [B, H, S, D][b, :, slots[b, t]] = x [B, H|1, T, D][b, :, t]: each row its own slots."""
+    B, H, _, D = buf.shape
+    idx = slots.view(B, 1, -1, 1).expand(B, H, -1, D)
+    buf.scatter_(2, idx, x.expand(B, H, -1, D).to(buf.dtype))
 
 
 class FullCache(KVCache):
     """Keep every token: slot i holds position i (gpt-fast's static cache).
 
-    State: k, v [B, Hkv, max_seq_length, D] in the model dtype; pos [1, 1, max_seq_length]
+    State: k, v [B, Hkv, max_seq_length, D] in the model dtype; pos [B, 1, max_seq_length]
     (-1 = empty), from which the causal mask is built. Keys are rotated at their absolute
     positions when written.
     """
@@ -17,21 +24,22 @@ class FullCache(KVCache):
     description = "keep every token (capacity = max_seq_length)"
 
     def __init__(self, batch_size: int, n_kv_heads: int, head_dim: int, max_seq_length: int,
-                 dtype: torch.dtype, rope: Tensor):
-        super().__init__(rope)
+                 dtype: torch.dtype, rope: Tensor, layer_id: int = 0):
+        super().__init__(rope, layer_id)
         shape = (batch_size, n_kv_heads, max_seq_length, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype), persistent=False)
-        self.register_buffer("pos", torch.full((1, 1, max_seq_length), -1, dtype=torch.long),
-                             persistent=False)
+        self.register_buffer("pos", torch.full((batch_size, 1, max_seq_length), -1,
+                                               dtype=torch.long), persistent=False)
 
-    def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor):
+    def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> KVView:
         q, k = self.rotate(q, input_pos), self.rotate(k, input_pos)
-        self.k.index_copy_(2, input_pos, k)
-        self.v.index_copy_(2, input_pos, v)
-        self.pos.index_copy_(2, input_pos, input_pos.view(1, 1, -1))
-        mask = (self.pos.unsqueeze(-2) <= input_pos.view(-1, 1)) & (self.pos.unsqueeze(-2) >= 0)
-        return q, [KVSegment(self.k, self.v)], mask
+        scatter_tokens(self.k, input_pos, k)
+        scatter_tokens(self.v, input_pos, v)
+        self.pos.scatter_(2, input_pos.unsqueeze(1), input_pos.unsqueeze(1))
+        pos = self.pos.unsqueeze(-2)  # [B, 1, 1, S]
+        mask = (pos <= input_pos.view(input_pos.shape[0], 1, -1, 1)) & (pos >= 0)
+        return KVView(q, [KVSegment(self.k, self.v)], mask)
 
     def reset(self) -> None:
         self.k.zero_()

@@ -11,6 +11,7 @@ class H2OCache(RegionCache):
     State: acc [B, Hkv, C], the attention each slot has received, summed over steps.
     """
     stats = ("acc",)
+    wants_probs = True
     description = "evict the middle token with the least accumulated attention (heavy hitters)"
 
     def accumulate(self, p: Tensor, positions: Tensor) -> None:

@@ -38,9 +38,10 @@ class LagKVCache(RegionCache):
 
     def before_compress(self, cur: Tensor) -> None:
         L = self.lag_len
+        cur = cur.view(-1, 1)  # [B, 1]
         done = cur - self.sink + 1  # tokens after the sink, this one included
-        ready = ((done % L) == 0) & (done >= 2 * L)
-        # Partition j ends L tokens before cur; its successor ends at cur.
+        ready = (((done % L) == 0) & (done >= 2 * L)).unsqueeze(-1)  # [B, 1, 1]
+        # Partition j ends L tokens before cur; its successor ends at cur (slots [B, L]).
         ar = torch.arange(L, device=cur.device)
         part = self.fast_slot((cur - 2 * L + 1 + ar).clamp(min=self.sink))
         succ = self.fast_slot((cur - L + 1 + ar).clamp(min=self.sink))
@@ -48,15 +49,20 @@ class LagKVCache(RegionCache):
                  + self.channel_score(self.v_fast, part, succ))  # [B, H, L]
         top = score.topk(self.n_keep, dim=-1).indices
         keep = torch.zeros_like(score).scatter_(-1, top, 1.0)
+        slots = part.unsqueeze(1).expand_as(score)
         for stat, new in ((self.lag_score, score), (self.keep, keep)):
-            old = stat.index_select(2, part)
-            stat.index_copy_(2, part, torch.where(ready, new, old))
+            old = stat.gather(2, slots)
+            stat.scatter_(2, slots, torch.where(ready, new, old))
 
     @staticmethod
     def channel_score(x: Tensor, part: Tensor, succ: Tensor) -> Tensor:
-        ref = x.index_select(2, succ).float()
+        """x [B, H, S, D], slots part/succ [B, L] -> score [B, H, L]."""
+        def rows(slots):
+            B, H, _, D = x.shape
+            return x.gather(2, slots.view(B, 1, -1, 1).expand(B, H, -1, D)).float()
+        ref = rows(succ)
         lo, hi = ref.amin(dim=2, keepdim=True), ref.amax(dim=2, keepdim=True)
-        normed = (x.index_select(2, part).float() - lo) / (hi - lo).clamp(min=1e-6)
+        normed = (rows(part) - lo) / (hi - lo).clamp(min=1e-6)
         return torch.softmax(normed.std(dim=-1), dim=-1)
 
     def score(self, cur: Tensor) -> Tensor:

@@ -10,15 +10,20 @@ Physical layout (slot order is irrelevant to attention; every decision reads `po
 Index maps and statistics cover the concatenation fast ++ middle ("global" slots, C in all):
     pos [B, Hkv, C]    int32 absolute position of each slot's token, -1 = empty
     <stat> [B, Hkv, C] float32 per-slot statistics named by the policy (`stats`)
+A middle in the model dtype shares one K and one V buffer with the fast slots (k_fast and k_mid
+are views of k), so attention reads one stretch and, without probabilities, runs fused SDPA.
 
-Every step: write the new token into its ring slot; attend; `observe` the probabilities; then for
+Every step is update, attention, commit: write the new tokens into their ring slots; attend;
+`commit` hands the probabilities to the policy's statistics (only when `wants_probs`), then for
 each new token: the token leaving the window moves into a free middle slot (quantized when the
 middle is int8) and, if the middle is over its share, the policy picks a victim per KV head and
-evicts or merges it. No host syncs, no data-dependent shapes: conditions are tensors used in
-`torch.where`, indices are tensors used in gather/scatter.
+evicts or merges it. Every batch row has its own positions. No host syncs, no data-dependent
+shapes: conditions are tensors used in `torch.where`, indices are tensors used in gather/scatter.
 
-A policy subclasses RegionCache and overrides a few hooks:
-    accumulate(p, positions)  update statistics from attention p [B, Hkv, T, C]
+A policy subclasses RegionCache and overrides a few hooks (cur [B, 1, 1] is the position of
+the token just attended, per row):
+    accumulate(p, positions)  statistics from attention p [B, Hkv, T, C] (policies with
+                              wants_probs; positions [B, T])
     score(cur)                per-slot score [B, Hkv, C]: the middle slot with the lowest goes
     remove(victim, do, cur)   evict (default) or merge the victim
 """
@@ -27,7 +32,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from caches.base import KVCache
+from caches.base import KVCache, KVView
+from caches.full import scatter_tokens
 from core.errors import UserError
 from model import KVSegment, apply_rope
 from quantize.kv import dequantize_int8, quantize_int8
@@ -38,7 +44,6 @@ FAR = 2**31 - 1  # a position later than any real one (positions are int32)
 class RegionCache(KVCache):
     """Base region cache; as it stands, the middle keeps its oldest tokens out (FIFO)."""
 
-    wants_probs = True   # attention always hands over probabilities; compression happens there
     compiled_compress = None  # RegionCache.compress_step compiled, shared by every layer
     stats: tuple = ()    # names of per-slot float32 statistics
     has_middle = True
@@ -47,35 +52,54 @@ class RegionCache(KVCache):
                  dtype: torch.dtype, rope: Tensor, *, sink: int, window: int, middle: int,
                  chunk: int = 32, middle_int8: bool = False, positions: str = "original",
                  layer_id: int = 0, seed: int = 0):
-        super().__init__(rope)
+        super().__init__(rope, layer_id)
         B, H, D = batch_size, n_kv_heads, head_dim
         self.sink, self.window, self.middle, self.chunk = sink, window, middle, chunk
         self.positions = positions
+        self.unbounded = positions == "cache"
         self.n_fast = sink + window + chunk
         self.n_mid = middle + 1  # one spare slot receives the token leaving the window
         self.capacity = self.n_fast + self.n_mid
         self.prefill_chunk = chunk
         if positions == "cache" and rope.shape[0] < sink + window + middle + chunk:
-            raise UserError(f"--positions cache rotates keys by rank: the RoPE table "
-                            f"(max_seq_length {rope.shape[0]}) must cover the cache's "
-                            f"{sink + window + middle + chunk} slots; raise --max_seq_length")
-        mid_dtype = torch.int8 if middle_int8 else dtype
+            raise UserError(f"rank positions rotate keys by their rank: the RoPE table "
+                            f"({rope.shape[0]} positions) must cover the cache's "
+                            f"{sink + window + middle + chunk} slots; raise max_seq_length")
         self.middle_int8 = middle_int8
         buf = self.register_buffer
-        buf("k_fast", torch.zeros(B, H, self.n_fast, D, dtype=dtype), persistent=False)
-        buf("v_fast", torch.zeros(B, H, self.n_fast, D, dtype=dtype), persistent=False)
-        buf("k_mid", torch.zeros(B, H, self.n_mid, D, dtype=mid_dtype), persistent=False)
-        buf("v_mid", torch.zeros(B, H, self.n_mid, D, dtype=mid_dtype), persistent=False)
+        # k/v: the fast slots, followed by the middle when it is in the model dtype (one
+        # stretch for attention); an int8 middle has buffers of its own.
+        n_kv = self.n_fast if middle_int8 else self.capacity
+        buf("k", torch.zeros(B, H, n_kv, D, dtype=dtype), persistent=False)
+        buf("v", torch.zeros(B, H, n_kv, D, dtype=dtype), persistent=False)
         if middle_int8:
+            buf("k_int8", torch.zeros(B, H, self.n_mid, D, dtype=torch.int8), persistent=False)
+            buf("v_int8", torch.zeros(B, H, self.n_mid, D, dtype=torch.int8), persistent=False)
             buf("k_scale", torch.zeros(B, H, self.n_mid, 1), persistent=False)
             buf("v_scale", torch.zeros(B, H, self.n_mid, 1), persistent=False)
         buf("pos", torch.full((B, H, self.capacity), -1, dtype=torch.int32), persistent=False)
         for name in self.stats:
             buf(name, torch.zeros(B, H, self.capacity), persistent=False)
-        buf("last_pos", torch.zeros(1, dtype=torch.long), persistent=False)
         # Seeds a counter-based random stream (CaM's draws) that a CUDA graph can replay.
         buf("rng_key", torch.tensor([(seed * 1_000_003 + layer_id) * 2_654_435_761 % 2**61]),
             persistent=False)
+
+    # The regions as views (in-place writes reach the buffers).
+    @property
+    def k_fast(self) -> Tensor:
+        return self.k[:, :, :self.n_fast]
+
+    @property
+    def v_fast(self) -> Tensor:
+        return self.v[:, :, :self.n_fast]
+
+    @property
+    def k_mid(self) -> Tensor:
+        return self.k_int8 if self.middle_int8 else self.k[:, :, self.n_fast:]
+
+    @property
+    def v_mid(self) -> Tensor:
+        return self.v_int8 if self.middle_int8 else self.v[:, :, self.n_fast:]
 
     # ---- slots -------------------------------------------------------------------------------
     def fast_slot(self, positions: Tensor) -> Tensor:
@@ -118,37 +142,38 @@ class RegionCache(KVCache):
         else:
             self.v_mid.scatter_(2, m, torch.where(keep, value.to(old.dtype), old))
 
-    # ---- the interface -----------------------------------------------------------------------
-    def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor):
+    # ---- the contract ------------------------------------------------------------------------
+    def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> KVView:
         B, H, T, D = k.shape
-        slots = self.fast_slot(input_pos)
+        slots = self.fast_slot(input_pos)  # [B, T]
         if self.positions == "original":
             q, k = self.rotate(q, input_pos), self.rotate(k, input_pos)
-        self.k_fast.index_copy_(2, slots, k)
-        self.v_fast.index_copy_(2, slots, v)
-        self.pos.index_copy_(2, slots, input_pos.view(1, 1, T).expand(B, H, T).to(torch.int32))
+        scatter_tokens(self.k_fast, slots, k)
+        scatter_tokens(self.v_fast, slots, v)
+        per_head = slots.unsqueeze(1).expand(B, H, T)
+        self.pos.scatter_(2, per_head, input_pos.unsqueeze(1).expand(B, H, T).to(torch.int32))
         for name in self.stats:  # a new token starts from zero statistics
-            getattr(self, name).index_fill_(2, slots, 0.0)
-        self.last_pos.copy_(input_pos[-1:])
-        pos = self.pos.unsqueeze(-2)
-        mask = (pos >= 0) & (pos <= input_pos.view(-1, 1))
+            getattr(self, name).scatter_(2, per_head, 0.0)
+        mask = (self.pos.unsqueeze(-2) >= 0) & (self.pos.unsqueeze(-2) <= input_pos.view(B, 1, T, 1))
 
-        k_fast, k_mid = self.k_fast, self.k_mid
-        k_scale = self.k_scale if self.middle_int8 else None
-        v_scale = self.v_scale if self.middle_int8 else None
         if self.positions == "cache":
             # StreamingLLM's pos-shift: keys are stored un-rotated and rotated by their rank
             # among the retained tokens; the query takes its own rank (the newest).
             rank = self.ranks()
-            q_rank = rank[..., :self.n_fast].index_select(2, slots)  # [B, H, T]
+            q_rank = rank.gather(2, per_head)  # [B, H, T]
             G = q.shape[1] // H
             q = apply_rope(q.view(B, H, G, T, D), self.rope[q_rank].unsqueeze(2)).view(q.shape)
-            k_fast = apply_rope(k_fast, self.rope[rank[..., :self.n_fast]])
-            if self.middle_int8:
-                k_mid, k_scale = dequantize_int8(k_mid, k_scale), None
+            if not self.middle_int8:
+                return KVView(q, [KVSegment(apply_rope(self.k, self.rope[rank]), self.v)], mask)
+            k_fast = apply_rope(self.k_fast, self.rope[rank[..., :self.n_fast]])
+            k_mid = dequantize_int8(self.k_mid, self.k_scale)
             k_mid = apply_rope(k_mid, self.rope[rank[..., self.n_fast:]]).to(k_fast.dtype)
-        segments = [KVSegment(k_fast, self.v_fast), KVSegment(k_mid, self.v_mid, k_scale, v_scale)]
-        return q, segments, mask
+            return KVView(q, [KVSegment(k_fast, self.v_fast),
+                              KVSegment(k_mid, self.v_mid, None, self.v_scale)], mask)
+        if not self.middle_int8:
+            return KVView(q, [KVSegment(self.k, self.v)], mask)
+        return KVView(q, [KVSegment(self.k_fast, self.v_fast),
+                          KVSegment(self.k_mid, self.v_mid, self.k_scale, self.v_scale)], mask)
 
     def ranks(self) -> Tensor:
         """Rank of every slot's position among the retained tokens (empty slots rank last)."""
@@ -158,18 +183,17 @@ class RegionCache(KVCache):
         # Empty slots are masked; clamping keeps their (unused) rotation inside the table.
         return torch.empty_like(order).scatter_(-1, order, ar).clamp(max=self.rope.shape[0] - 1)
 
-    def observe(self, probs: Tensor) -> None:
-        T = probs.shape[3]
-        first = self.last_pos - (T - 1)
-        positions = first + torch.arange(T, device=first.device)
-        # A KV head's attention is the mean over the query heads of its group.
-        self.accumulate(probs.mean(dim=2), positions)
+    def commit(self, input_pos: Tensor, probs) -> None:
+        if probs is not None:
+            # A KV head's attention is the mean over the query heads of its group.
+            self.accumulate(probs.mean(dim=2), input_pos)
         # A prompt chunk compresses token by token: the compiled step (set by compile_decode)
         # turns ~25 small eager ops per token and layer into one call.
+        T = input_pos.shape[1]
         compress = self.compiled_compress if T > 1 and self.compiled_compress else \
             RegionCache.compress_step
         for i in range(T):
-            compress(self, positions[i:i + 1])
+            compress(self, input_pos[:, i:i + 1].unsqueeze(-1))
 
     def reset(self) -> None:
         for name, b in self.named_buffers():
@@ -178,11 +202,12 @@ class RegionCache(KVCache):
 
     # ---- compression -------------------------------------------------------------------------
     def compress_step(self, cur: Tensor) -> None:
-        """After the token at position cur [1] was attended: age the window, shrink the middle."""
+        """After the token at position cur [B, 1, 1] was attended: age the window, shrink the
+        middle."""
         self.before_compress(cur)
-        leaving = cur - self.window
+        leaving = cur.view(-1) - self.window
         moving = leaving >= self.sink
-        ring = self.fast_slot(leaving.clamp(min=self.sink))
+        ring = self.fast_slot(leaving.clamp(min=self.sink))  # [B]
         spare = (self.pos[..., self.n_fast:] < 0).int().argmax(dim=-1)  # [B, H] a free slot
         self.move_to_middle(ring, spare, moving)
         valid = self.pos[..., self.n_fast:] >= 0
@@ -192,10 +217,12 @@ class RegionCache(KVCache):
         self.remove(victim, do, cur)
 
     def move_to_middle(self, ring: Tensor, spare: Tensor, moving: Tensor) -> None:
-        """The token in fast slot `ring` [1] moves into middle slot `spare` [B, H] if moving."""
+        """Row b's token in fast slot ring[b] moves into middle slot spare[b] (per head) if
+        moving[b]."""
         B, H, _, D = self.k_fast.shape
+        src = ring.view(B, 1, 1, 1).expand(B, H, 1, D)
         idx = spare.view(B, H, 1, 1).expand(B, H, 1, D)
-        k, v = self.k_fast.index_select(2, ring), self.v_fast.index_select(2, ring)
+        k, v = self.k_fast.gather(2, src), self.v_fast.gather(2, src)
         # The spare slot is empty: writing it unconditionally is harmless when nothing moves.
         if self.middle_int8:
             (kq, ks), (vq, vs) = quantize_int8(k), quantize_int8(v)
@@ -206,13 +233,15 @@ class RegionCache(KVCache):
         else:
             self.k_mid.scatter_(2, idx, k)
             self.v_mid.scatter_(2, idx, v)
-        g = (spare + self.n_fast).unsqueeze(-1)
-        p = self.pos.index_select(2, ring)
+        g = (spare + self.n_fast).unsqueeze(-1)  # [B, H, 1]
+        r = ring.view(B, 1, 1).expand(B, H, 1)
+        moving = moving.view(B, 1, 1)
+        p = self.pos.gather(2, r)
         self.pos.scatter_(2, g, torch.where(moving, p, -1))
-        self.pos.index_copy_(2, ring, torch.where(moving, -1, p))
+        self.pos.scatter_(2, r, torch.where(moving, -1, p))
         for name in self.stats:
             stat = getattr(self, name)
-            stat.scatter_(2, g, stat.index_select(2, ring))
+            stat.scatter_(2, g, stat.gather(2, r))
 
     def must_remove(self, valid: Tensor, score: Tensor, victim: Tensor) -> Tensor:
         return valid.sum(-1) > self.middle

@@ -11,6 +11,7 @@ class TOVACache(RegionCache):
     State: last [B, Hkv, C], this step's head-averaged attention (equal across heads).
     """
     stats = ("last",)
+    wants_probs = True
     description = "evict the middle token least attended at this step, averaged over all heads"
 
     def accumulate(self, p: Tensor, positions: Tensor) -> None:

@@ -16,6 +16,7 @@ class WeightedKVCache(RegionCache):
     State: acc [B, Hkv, C] (a); n is derived from pos.
     """
     stats = ("acc",)
+    wants_probs = True
     description = "drop the least-attended key, merge its value into the right neighbour (weighted)"
     merge = True
 

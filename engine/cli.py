@@ -83,9 +83,12 @@ def add_cache_arguments(p) -> None:
                         "cache_size - sink)")
     p.add_argument("--kv_middle", choices=["model", "int8"], default="model",
                    help="store the middle region in the model dtype or INT8")
-    p.add_argument("--positions", choices=["original", "cache"], default="original",
+    p.add_argument("--positions", choices=["auto", "original", "cache"], default="auto",
                    help="rotate keys at their original positions, or by rank in the cache "
-                        "(StreamingLLM pos-shift, for streams beyond the model's context)")
+                        "(StreamingLLM pos-shift, for streams beyond the model's context); "
+                        "auto (default): original while the stream fits the model's context, "
+                        "cache for a compressing cache whose stream would outgrow it (the run "
+                        "says which)")
     p.add_argument("--prefill_chunk", type=positive_int, default=None,
                    help="prompt chunk size of compressing policies (default 32)")
     # Policy options: None = not given, so a policy that has no such option can refuse it.
@@ -110,8 +113,20 @@ def list_caches() -> str:
     return "\n".join(f"{name:<18}{describe(name)}" for name in POLICIES)
 
 
+def resolve_positions(args, stream_tokens, context: int) -> str:
+    """Settle --positions auto for a stream of stream_tokens (None: unknown, e.g. a chat):
+    original positions while it fits the model's context, else rank positions (a compressing
+    cache only; full keeps original positions and stops at the context)."""
+    if args.positions == "auto":
+        fits = stream_tokens is not None and stream_tokens <= context
+        args.positions = "original" if fits or args.cache == "full" else "cache"
+    return args.positions
+
+
 def cache_factory_from_args(args, seed: int = 0):
     from caches import DEFAULT_CHUNK, make_cache_factory
+    if args.positions == "auto":  # settled by resolve_positions once the stream is known;
+        args = argparse.Namespace(**dict(vars(args), positions="original"))  # validate now
     options = {o: getattr(args, o) for o in POLICY_OPTIONS if getattr(args, o) is not None}
     region = {}
     if args.cache != "full":

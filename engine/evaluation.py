@@ -26,33 +26,31 @@ CORPUS_DIR = ROOT / "data" / "corpora"
 CORPUS_NAMES = ("kjv", "wiki")  # what scripts/prepare_corpora.py writes (tested to agree)
 
 
-def score_step(model: Transformer, token: Tensor, input_pos: Tensor, target: Tensor) -> Tensor:
+def score_step(model: Transformer, caches, token: Tensor, input_pos: Tensor, target: Tensor
+               ) -> Tensor:
     """Feed token [B, 1] at input_pos [1]; return the NLL [B] of target [B] (the next token)."""
-    logits = model(token, input_pos)[:, -1]
+    logits = model(token, input_pos, caches)[:, -1]
     return -torch.log_softmax(logits, dim=-1).gather(-1, target.view(-1, 1)).view(-1)
 
 
-def compile_step(fn, model: Transformer):
-    """Compile a decode-style step for the model's device: the engine's own recipe when it has
-    one (engine.generation.compile_decode), else a fullgraph torch.compile."""
-    from engine import generation
-    if hasattr(generation, "compile_decode"):
-        return generation.compile_decode(fn, model)
-    mode = "reduce-overhead" if model.device.type == "cuda" else None
-    return torch.compile(fn, mode=mode, fullgraph=True)
+def compile_step(fn, model: Transformer, caches):
+    """Compile a decode-style step for the model's device (engine.generation.compile_decode)."""
+    from engine.generation import compile_decode
+    return compile_decode(fn, model, caches=caches)
 
 
 @torch.inference_mode()
-def warmup(model: Transformer, step, batch_size: int) -> float:
+def warmup(model: Transformer, caches, step, batch_size: int) -> float:
     """Run (compile) the step twice so timings exclude compilation; caches are reset after."""
     dev = model.device
     t0 = time.perf_counter()
     token = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
     for t in range(2):
-        step(model, token, torch.tensor([t], device=dev), token.view(-1))
+        step(model, caches, token, torch.tensor([t], device=dev), token.view(-1))
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    model.reset_caches()
+    for cache in caches:
+        cache.reset()
     return time.perf_counter() - t0
 
 
@@ -70,16 +68,17 @@ class PerplexityResult:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def streaming_perplexity(model: Transformer, ids: list, step=score_step,
+def streaming_perplexity(model: Transformer, caches, ids: list, step=score_step,
                          progress: Optional[Callable] = None) -> PerplexityResult:
-    """ids: token ids of the text; caches must be set up with batch 1. step may be compiled."""
-    return batched_streaming_perplexity(model, [ids], step, progress)[0]
+    """ids: token ids of the text; caches (caches.build_caches) of batch 1. step may be
+    compiled."""
+    return batched_streaming_perplexity(model, caches, [ids], step, progress)[0]
 
 
 @torch.inference_mode()
-def batched_streaming_perplexity(model: Transformer, streams: list, step=score_step,
+def batched_streaming_perplexity(model: Transformer, caches, streams: list, step=score_step,
                                  progress: Optional[Callable] = None) -> list:
-    """streams: B token-id lists of equal length; caches must be set up with batch B.
+    """streams: B token-id lists of equal length; caches (caches.build_caches) of batch B.
 
     progress(n, nlls) is called after every step with n scored positions and nlls [n, B]."""
     B = len(streams)
@@ -92,14 +91,15 @@ def batched_streaming_perplexity(model: Transformer, streams: list, step=score_s
     device = model.device
     # [n, B] so that every step's tokens are one contiguous row (compiled graphs guard strides)
     ids_t = torch.tensor(streams, device=device).T.contiguous()
-    model.reset_caches()
+    for cache in caches:
+        cache.reset()
     nlls = torch.empty(n - 1, B, device=device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     for t in range(n - 1):
         # the NLL of token t + 1 comes from step t's logits, before t + 1 enters the cache
-        nlls[t] = step(model, ids_t[t].view(B, 1), ids_t.new_tensor([t]), ids_t[t + 1])
+        nlls[t] = step(model, caches, ids_t[t].view(B, 1), ids_t.new_tensor([t]), ids_t[t + 1])
         if progress is not None:
             progress(t + 1, nlls[: t + 1])
     curves = (nlls.double().cumsum(0)

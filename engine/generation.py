@@ -1,12 +1,20 @@
-"""Prefill + decode loop with sampling (gpt-fast's split), for any cache policy.
+"""Sessions: prefill + decode with sampling (gpt-fast's split), for any cache policy, over cache
+state that outlives one call.
 
-The decode step is one function of (model, token, input_pos); compiled once with fullgraph=True it
-serves every step of a generation, because every cache keeps static shapes and is addressed by
-index tensors. Prefill pads the prompt to a power-of-two bucket when compiled, so prompt lengths
-share a handful of graphs instead of one per length.
+A Session owns one cache per layer (the model owns none, so sessions on one model are
+independent) and the position of each batch row. `append` feeds tokens into the same caches,
+positions continuing; `generate` continues from where the stream is; `save`/`load` keep the
+whole state in a safetensors file. `Generator` is the one-shot form: every call starts afresh.
+
+The decode step is one function of (model, caches, token, input_pos); compiled once with
+fullgraph=True it serves every step of every turn, because every cache keeps static shapes and
+is addressed by index tensors. Prefill pads the prompt to a power-of-two bucket when compiled,
+so prompt lengths share a handful of graphs instead of one per length.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -14,10 +22,14 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from caches import CacheFactory, build_caches, make_cache_factory
+from caches.region import RegionCache
 from core.errors import UserError
 from model import Transformer
 
 MIN_PREFILL_BUCKET = 16
+SESSION_FORMAT = "regionkv-session"
+SESSION_VERSION = 1  # bump when the saved layout changes; older files are refused by name
 
 
 def sample(logits: Tensor, temperature: float, top_k: Optional[int]) -> Tensor:
@@ -34,24 +46,28 @@ def sample(logits: Tensor, temperature: float, top_k: Optional[int]) -> Tensor:
     return (probs / noise).argmax(dim=-1, keepdim=True)
 
 
-def prefill(model: Transformer, tokens: Tensor, input_pos: Tensor, last: Tensor,
-            temperature: float, top_k: Optional[int]) -> Tensor:
-    logits = model(tokens, input_pos, out_idx=last)
-    return sample(logits[:, -1], temperature, top_k)
+def prefill(model: Transformer, caches, tokens: Tensor, input_pos: Tensor, last: Tensor) -> Tensor:
+    """tokens [B, T] at input_pos [B, T] -> the logits [B, V] at index `last` [1]."""
+    return model(tokens, input_pos, caches, out_idx=last)[:, -1]
 
 
-def decode_one_token(model: Transformer, token: Tensor, input_pos: Tensor,
+def decode_one_token(model: Transformer, caches, token: Tensor, input_pos: Tensor,
                      temperature: float, top_k: Optional[int]) -> Tensor:
-    logits = model(token, input_pos)
+    """token [B, 1] at input_pos [B, 1] -> the next token [B, 1]."""
+    logits = model(token, input_pos, caches)
     return sample(logits[:, -1], temperature, top_k)
 
 
-def run_block(layer: torch.nn.Module, x: Tensor, input_pos: Tensor) -> Tensor:
-    return layer(x, input_pos)
+def run_block(layer: torch.nn.Module, x: Tensor, input_pos: Tensor, cache) -> Tensor:
+    return layer(x, input_pos, cache)
 
 
-def compile_decode(fn: Callable, model: Transformer, backend="inductor") -> Callable:
-    """Compile a single-token step function `fn(model, token, input_pos, ...)` for the model's device.
+_COMPRESS = {}  # backend -> RegionCache.compress_step compiled with it (shared by every session)
+
+
+def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=()) -> Callable:
+    """Compile a single-token step function `fn(model, caches, token, input_pos, ...)` for the
+    model's device.
 
     CUDA: the whole step in one graph, replayed as a CUDA graph (mode="reduce-overhead"), which
     removes the per-kernel launch cost that dominates small-batch decode.
@@ -59,18 +75,17 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor") -> Call
     share its graph (parameters and cache buffers are graph inputs), so compiling costs one
     block (seconds) instead of the whole unrolled model (minutes), and the step is as fast. The
     embedding lookup, head and sampling stay eager: one large matmul each, nothing to fuse.
+    Prompt chunks of compressing `caches` compress token by token through one compiled step.
     """
     if model.device.type == "cuda":
         return torch.compile(fn, mode="reduce-overhead", fullgraph=True, backend=backend)
     model.block_step = torch.compile(run_block, fullgraph=True, dynamic=False, backend=backend)
-    # Prompt chunks of compressing caches run eager blocks but compress token by token: compile
-    # that step too (one graph per policy, shared by every layer and token).
-    from caches.region import RegionCache
-    compress = torch.compile(RegionCache.compress_step, fullgraph=True, dynamic=False,
-                             backend=backend)
-    for cache in model.caches():
+    if backend not in _COMPRESS:  # keyed by the backend itself: a test's counter stays alive
+        _COMPRESS[backend] = torch.compile(RegionCache.compress_step, fullgraph=True,
+                                           dynamic=False, backend=backend)
+    for cache in caches:
         if isinstance(cache, RegionCache):
-            cache.compiled_compress = compress
+            cache.compiled_compress = _COMPRESS[backend]
     return fn
 
 
@@ -83,12 +98,12 @@ def prefill_bucket(n: int, max_seq_length: int) -> int:
 
 @dataclass
 class Generation:
-    token_ids: list                 # prompt + new tokens, per sequence
-    new_tokens: int                 # new tokens of the first sequence
+    token_ids: list                 # every token of each row's stream so far (prompt + new)
+    new_tokens: int                 # new tokens of the first row
     prefill_s: float
     decode_s: float
     stopped_at_eos: bool
-    new_ids: list = field(default_factory=list)
+    new_ids: list = field(default_factory=list)  # each row's new tokens, up to its first EOS
 
     @property
     def tokens_per_s(self) -> float:
@@ -96,111 +111,184 @@ class Generation:
         return (self.new_tokens - 1) / self.decode_s if self.new_tokens > 1 and self.decode_s > 0 else 0.0
 
 
-class Generator:
-    """Owns the model's caches and the (optionally compiled) prefill/decode steps."""
+def model_fingerprint(model: Transformer) -> str:
+    """Identifies the weights a cache was computed with: config, weight kind, a few values."""
+    h = hashlib.sha1(json.dumps(model.args.to_dict(), sort_keys=True).encode())
+    h.update(type(model.output).__name__.encode())
+    for t in (model.norm.weight, model.tok_embeddings.weight[:2]):
+        h.update(t.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 
-    def __init__(self, model: Transformer, max_seq_length: int, batch_size: int = 1,
-                 make_cache=None, compile: bool = False, compile_prefill: bool = False):
+
+class Session:
+    """A stream's cache state that outlives one call.
+
+        session = Session(model, make_cache=make_cache_factory("weightedkv", cache_size=256))
+        session.append(tok.encode(document))
+        session.save("doc.session")
+        reply = session.generate(100, eos_ids=tok.eos_ids)
+        session.append(tok.encode(next_turn, bos=False))   # same caches, positions continue
+
+    batch_size rows are independent streams, each at its own position; `append` takes one id
+    list (every row) or one list per row, of any lengths. After `generate`, the last sampled
+    token of each row is pending: the next `append` or `generate` feeds it first, so the cache
+    holds every token of the stream exactly once.
+    """
+
+    def __init__(self, model: Transformer, make_cache: Optional[CacheFactory] = None,
+                 max_seq_length: Optional[int] = None, batch_size: int = 1,
+                 compile: bool = False, compile_prefill: bool = False):
+        """
+        Args:
+            make_cache: a caches.make_cache_factory(...) result (default: the full cache).
+            max_seq_length: positions the stream may reach (full cache, original positions),
+                or the RoPE table that rank positions need (default: the model's context).
+            compile: compile the decode step; compile_prefill: also prompt chunks.
+        """
         self.model = model
         self.device = model.device
-        self.max_seq_length = max_seq_length
+        self.make_cache = make_cache or make_cache_factory("full")
+        self.max_seq_length = max_seq_length or model.args.max_position_embeddings
         self.batch_size = batch_size
-        with torch.device(self.device):
-            model.setup_caches(batch_size, max_seq_length, make_cache)
+        self.caches = build_caches(model, batch_size, self.max_seq_length, self.make_cache)
+        # Caches that rotate keys by rank (rank positions) never run out of positions.
+        self.unbounded = all(c.unbounded for c in self.caches)
+        self.prefill_chunk = self.caches[0].prefill_chunk
         self.compiled_prefill = compile_prefill
-        # Caches that rotate keys by rank (--positions cache) never run out of positions.
-        self.unbounded = all(getattr(c, "positions", "original") == "cache"
-                             for c in model.caches())
         self.decode_fn = decode_one_token
         self.prefill_fn = prefill
         model.block_step = None
         if compile:
-            self.decode_fn = compile_decode(decode_one_token, model)
+            self.decode_fn = compile_decode(decode_one_token, model, caches=self.caches)
         if compile_prefill:
             self.prefill_fn = torch.compile(prefill, fullgraph=True, dynamic=False)
+        self.reset()
 
-    @torch.inference_mode()
-    def warmup(self, temperature: float = 0.0, top_k: Optional[int] = None) -> float:
-        """Compile (or just run) the decode step, and a prompt chunk of compressing caches, so
-        timings exclude compilation; returns the seconds it took. The caches are reset
-        afterwards."""
-        t0 = time.perf_counter()
-        token = torch.zeros(self.batch_size, 1, dtype=torch.long, device=self.device)
-        for t in range(2):  # the second call confirms the graph is reused
-            self.decode_fn(self.model, token, torch.tensor([t], device=self.device),
-                           temperature, top_k)
-        chunk = self.model.caches()[0].prefill_chunk
-        if chunk is not None and chunk < self.max_seq_length:  # compiles chunk compression
-            self.model.reset_caches()
-            self.prefill_prompt(token.new_zeros(self.batch_size, chunk), temperature, top_k)
-        sync(self.device)
-        self.model.reset_caches()
-        return time.perf_counter() - t0
+    # ---- state -----------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Empty every row: no tokens, position 0."""
+        for cache in self.caches:
+            cache.reset()
+        self.tokens = [[] for _ in range(self.batch_size)]  # what each row's cache has read
+        self.pending: Optional[Tensor] = None  # [B, 1] sampled, not yet read
+        self.logits: Optional[Tensor] = None   # [B, V] next-token logits after an append
+        self._append_s = 0.0
+
+    @property
+    def positions(self) -> list:
+        """Tokens each row has seen (its next position), the pending token included."""
+        extra = 1 if self.pending is not None else 0
+        return [len(t) + extra for t in self.tokens]
 
     @property
     def cache_bytes(self) -> int:
-        return sum(c.nbytes for c in self.model.caches())
+        return sum(c.nbytes for c in self.caches)
 
-    def check_prompt(self, n_prompt: int) -> None:
-        if n_prompt == 0:
-            raise UserError("the prompt is empty after tokenization; pass a non-empty --prompt")
-        if n_prompt >= self.max_seq_length and not self.unbounded:
-            raise UserError(f"the prompt is {n_prompt} tokens but --max_seq_length is "
-                            f"{self.max_seq_length}; raise --max_seq_length above {n_prompt} "
-                            f"or shorten the prompt")
+    def _room(self, n_more: int) -> None:
+        if self.unbounded:
+            return
+        reach = max(self.positions) + n_more
+        if reach > self.max_seq_length:
+            raise UserError(f"the stream would reach {reach} tokens but this session holds "
+                            f"{self.max_seq_length} positions; start a new session, raise "
+                            f"max_seq_length, or use rank positions with a compressing cache")
 
-    def prefill_prompt(self, tokens: Tensor, temperature: float, top_k: Optional[int]) -> Tensor:
-        """Run the prompt [B, T] through the caches; return the first sampled token [B, 1]."""
+    # ---- feeding tokens --------------------------------------------------------------------
+    @torch.inference_mode()
+    def append(self, ids) -> None:
+        """Feed more tokens into the same caches (a prompt, a document, the next chat turn).
+
+        ids: token ids for every row, or one list per row (lengths may differ)."""
+        rows = ids if ids and isinstance(ids[0], (list, tuple)) else [ids] * self.batch_size
+        if len(rows) != self.batch_size:
+            raise UserError(f"expected token ids for {self.batch_size} row(s), got {len(rows)}")
+        if any(len(r) == 0 for r in rows):
+            raise UserError("nothing to append: the text is empty after tokenization")
+        rows = [list(map(int, r)) for r in rows]
+        if self.pending is not None:  # the last generated token enters the cache first
+            rows = [[p] + r for p, r in zip(self.pending.view(-1).tolist(), rows)]
+            self.pending = None
+        self._room(max(len(r) for r in rows))
+        t0 = time.perf_counter()
+        if len({len(r) for r in rows}) == 1:
+            self.logits = self._prefill(list(range(self.batch_size)), rows)
+        else:  # rows of different lengths: each row through a batch-1 view of the caches
+            self.logits = torch.cat([self._prefill([b], [r]) for b, r in enumerate(rows)])
+        for b, r in enumerate(rows):
+            self.tokens[b] += r
+        sync(self.device)
+        self._append_s += time.perf_counter() - t0
+
+    def _prefill(self, row_ids: list, rows: list) -> Tensor:
+        """Run rows (equal lengths) of the batch rows `row_ids` through their caches; return the
+        logits [len(row_ids), V] after their last token."""
+        caches = self.caches if len(row_ids) == self.batch_size else \
+            [row_view(c, row_ids[0]) for c in self.caches]
+        dev = self.device
+        start = torch.tensor([len(self.tokens[b]) for b in row_ids], device=dev).view(-1, 1)
+        tokens = torch.tensor(rows, dtype=torch.long, device=dev)
         B, T = tokens.shape
-        dev = tokens.device
-        chunk = self.model.caches()[0].prefill_chunk
+        chunk = self.prefill_chunk
         if chunk is None:
-            T_in = prefill_bucket(T, self.max_seq_length) if self.compiled_prefill else T
-            # Padding sits at positions >= T: masked from every real query, and overwritten by
-            # the decode steps that reach those positions.
-            padded = torch.zeros(B, T_in, dtype=torch.long, device=dev)
+            T_in = T
+            if self.compiled_prefill:
+                T_in = prefill_bucket(T, self.max_seq_length - int(start.max()))
+            # Padding sits at positions after the prompt: masked from every real query, and
+            # overwritten by the steps that reach those positions.
+            padded = torch.zeros(B, max(T_in, T), dtype=torch.long, device=dev)
             padded[:, :T] = tokens
-            return self.prefill_fn(self.model, padded, torch.arange(T_in, device=dev),
-                                   torch.tensor([T - 1], device=dev), temperature, top_k)
+            span = start + torch.arange(padded.shape[1], device=dev)
+            return self.prefill_fn(self.model, caches, padded, span,
+                                   torch.tensor([T - 1], device=dev))
         # Compressing caches take fixed-size chunks (compressing after each), then the remainder
-        # one token at a time through the decode step: two graphs for every prompt length.
+        # one token at a time: two graph shapes for every prompt length.
         n_chunks = T // chunk
         last = torch.tensor([chunk - 1], device=dev)
-        token = None
+        logits = None
         for c in range(n_chunks):
-            span = torch.arange(c * chunk, (c + 1) * chunk, device=dev)
-            token = self.prefill_fn(self.model, tokens[:, c * chunk:(c + 1) * chunk], span, last,
-                                    temperature, top_k)
+            span = start + torch.arange(c * chunk, (c + 1) * chunk, device=dev)
+            logits = self.prefill_fn(self.model, caches, tokens[:, c * chunk:(c + 1) * chunk],
+                                     span, last)
+        last = torch.tensor([0], device=dev)
         for t in range(n_chunks * chunk, T):
             # contiguous like the decode loop's own tokens, so the graph's stride guards hold
             step = tokens[:, t:t + 1].clone(memory_format=torch.contiguous_format)
-            token = self.decode_fn(self.model, step, torch.tensor([t], device=dev), temperature,
-                                   top_k)
-        return token
+            logits = prefill(self.model, caches, step, start + t, last)
+        return logits
 
+    # ---- generating ------------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, prompt: list, max_new_tokens: int, temperature: float = 0.0,
+    def generate(self, max_new_tokens: int, temperature: float = 0.0,
                  top_k: Optional[int] = None, eos_ids=(),
-                 callback: Optional[Callable[[list], None]] = None) -> Generation:
-        """prompt: token ids (one sequence, repeated over the batch) or a list of equal-length
-        lists. callback(token_id) receives every new token of the first sequence."""
-        rows = prompt if prompt and isinstance(prompt[0], (list, tuple)) else [prompt]
-        if len(rows) == 1 and self.batch_size > 1:
-            rows = rows * self.batch_size
-        if len(rows) != self.batch_size or len({len(r) for r in rows}) != 1:
-            raise UserError(f"expected {self.batch_size} prompts of equal length")
-        T = len(rows[0])
-        self.check_prompt(T)
-        if not self.unbounded:
-            max_new_tokens = min(max_new_tokens, self.max_seq_length - T)
-        eos = torch.tensor(sorted(set(eos_ids)) or [-1], device=self.device)
-        self.model.reset_caches()
+                 callback: Optional[Callable[[int], None]] = None) -> Generation:
+        """Continue every row by up to max_new_tokens (fewer where a bounded stream ends, or
+        once every row has sampled an EOS). callback(token_id) receives every new token of the
+        first row as it is made.
 
+        Raises:
+            UserError: nothing was appended yet.
+        """
+        if self.logits is None and self.pending is None:
+            raise UserError("the session is empty: append a prompt before generating")
+        if not self.unbounded:  # every new token but the last is read; the last needs room too
+            max_new_tokens = min(max_new_tokens, self.max_seq_length - max(self.positions))
+        if max_new_tokens < 1:
+            raise UserError(f"the session's {self.max_seq_length} positions are all used; start a "
+                            f"new session or raise max_seq_length")
         dev = self.device
+        eos = torch.tensor(sorted(set(eos_ids)) or [-1], device=dev)
+        pos = torch.tensor(self.positions, device=dev).view(-1, 1)
         sync(dev)
         t0 = time.perf_counter()
-        token = self.prefill_prompt(torch.tensor(rows, dtype=torch.long, device=dev),
-                                    temperature, top_k).clone()
+        if self.pending is not None:  # continue a generation: read its last token first
+            token = self.decode_fn(self.model, self.caches, self.pending, pos - 1, temperature,
+                                   top_k).clone()
+            for b, p in enumerate(self.pending.view(-1).tolist()):
+                self.tokens[b].append(p)
+        else:
+            token = sample(self.logits, temperature, top_k)
+        self.logits, self.pending = None, None
+        before = [list(t) for t in self.tokens]  # the stream so far, all read
         out = [token]
         finished = torch.isin(token.view(-1), eos)
         # Reading the new token (to stream it and stop at EOS) is the loop's only host sync.
@@ -209,10 +297,8 @@ class Generator:
             callback(first)
         sync(dev)
         t1 = time.perf_counter()
-
-        pos = torch.tensor([T], device=dev)
         while len(out) < max_new_tokens and not bool(finished.all()):
-            token = self.decode_fn(self.model, token, pos, temperature, top_k).clone()
+            token = self.decode_fn(self.model, self.caches, token, pos, temperature, top_k).clone()
             pos = pos + 1
             out.append(token)
             finished |= torch.isin(token.view(-1), eos)
@@ -222,10 +308,170 @@ class Generator:
         t2 = time.perf_counter()
 
         new = torch.cat(out, 1).tolist()
-        new = [cut_at_eos(r, set(eos_ids)) for r in new]
-        return Generation(token_ids=[r + n for r, n in zip(rows, new)], new_tokens=len(new[0]),
-                          prefill_s=t1 - t0, decode_s=t2 - t1, stopped_at_eos=bool(finished.all()),
-                          new_ids=new)
+        for b, r in enumerate(new):  # all but the last token were read (a row past its EOS too)
+            self.tokens[b] += r[:-1]
+        self.pending = token
+        prefill_s, self._append_s = self._append_s + (t1 - t0), 0.0
+        cut = [cut_at_eos(r, set(eos_ids)) for r in new]
+        return Generation(token_ids=[b + c for b, c in zip(before, cut)], new_tokens=len(cut[0]), prefill_s=prefill_s,
+                          decode_s=t2 - t1, stopped_at_eos=bool(finished.all()), new_ids=cut)
+
+    @torch.inference_mode()
+    def warmup(self, temperature: float = 0.0, top_k: Optional[int] = None) -> float:
+        """Compile (or just run) the decode step, and a prompt chunk of compressing caches, so
+        timings exclude compilation; returns the seconds it took. The session is reset after."""
+        t0 = time.perf_counter()
+        self.reset()
+        token = torch.zeros(self.batch_size, 1, dtype=torch.long, device=self.device)
+        for t in range(2):  # the second call confirms the graph is reused
+            self.decode_fn(self.model, self.caches, token,
+                           torch.full((self.batch_size, 1), t, device=self.device),
+                           temperature, top_k)
+        chunk = self.prefill_chunk
+        if chunk is not None and chunk < self.max_seq_length:  # compiles chunk compression
+            self.reset()
+            self.append([0] * chunk)
+        sync(self.device)
+        self.reset()
+        return time.perf_counter() - t0
+
+    # ---- saving ----------------------------------------------------------------------------
+    def save(self, path) -> None:
+        """Write the whole state (every layer's cache, positions, statistics, pending token or
+        next logits, token history) to a safetensors file, atomically."""
+        from safetensors.torch import save_file
+
+        from engine.files import atomic_path
+        tensors = {f"layers.{i}.{name}": t.contiguous().cpu()
+                   for i, c in enumerate(self.caches) for name, t in c.state().items()}
+        tensors["session.lengths"] = torch.tensor([len(t) for t in self.tokens], dtype=torch.long)
+        tensors["session.tokens"] = torch.tensor(sum(self.tokens, []) or [0], dtype=torch.long)
+        if self.pending is not None:
+            tensors["session.pending"] = self.pending.cpu()
+        if self.logits is not None:
+            tensors["session.logits"] = self.logits.cpu()
+        meta = {"format": SESSION_FORMAT, "version": str(SESSION_VERSION),
+                "model": model_fingerprint(self.model), "cache": json.dumps(self.make_cache.spec),
+                "batch_size": str(self.batch_size), "max_seq_length": str(self.max_seq_length),
+                "dtype": str(self.model.dtype).removeprefix("torch.")}
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp), metadata=meta)
+
+    @classmethod
+    def load(cls, path, model: Transformer, make_cache: Optional[CacheFactory] = None,
+             max_seq_length: Optional[int] = None, **kwargs) -> "Session":
+        """A session saved by `save`, on `model`. Pass make_cache / max_seq_length to insist on
+        them (a file made for others is refused); by default the file's own are used.
+
+        Raises:
+            UserError: the file is missing, damaged, of an older format, or made for another
+                model, dtype, cache policy or size.
+        """
+        from core.tensors import read_safetensors
+        meta = read_session_metadata(path)
+        where = f"session file {path}"
+        if meta["model"] != model_fingerprint(model):
+            raise UserError(f"{where} was saved with another model; load it with the model "
+                            f"that made it")
+        dtype = str(model.dtype).removeprefix("torch.")
+        if meta["dtype"] != dtype:
+            raise UserError(f"{where} holds {meta['dtype']} caches, the model runs {dtype}; load "
+                            f"the model in {meta['dtype']}")
+        spec = json.loads(meta["cache"])
+        if make_cache is not None and make_cache.spec != spec:
+            raise UserError(f"{where} was saved with cache {describe_spec(spec)}, not "
+                            f"{describe_spec(make_cache.spec)}; load it with its own settings")
+        saved_len = int(meta["max_seq_length"])
+        if max_seq_length is not None and max_seq_length != saved_len:
+            raise UserError(f"{where} holds {saved_len} positions, not {max_seq_length}")
+        session = cls(model, CacheFactory.from_spec(spec), saved_len, int(meta["batch_size"]),
+                      **kwargs)
+        state = read_safetensors(path)
+        for i, c in enumerate(session.caches):
+            for name, buf in c.state().items():
+                t = state.get(f"layers.{i}.{name}")
+                if t is None or t.shape != buf.shape or t.dtype != buf.dtype:
+                    raise UserError(f"{where} is damaged: layer {i} {name} is missing or of "
+                                    f"another shape")
+                buf.copy_(t)
+        lengths = state["session.lengths"].tolist()
+        flat = state["session.tokens"].tolist()
+        session.tokens = [flat[sum(lengths[:b]):sum(lengths[:b + 1])] for b in range(len(lengths))]
+        dev = session.device
+        if "session.pending" in state:
+            session.pending = state["session.pending"].to(dev)
+        if "session.logits" in state:
+            session.logits = state["session.logits"].to(dev)
+        return session
+
+
+def read_session_metadata(path) -> dict:
+    from pathlib import Path
+
+    from safetensors import safe_open
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"session file {str(path)!r} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as e:  # safetensors raises its own error types for a damaged file
+        raise UserError(f"cannot read session file {path}: {str(e).splitlines()[0]} (a damaged "
+                        f"or truncated file?)") from None
+    if meta.get("format") != SESSION_FORMAT:
+        raise UserError(f"{path} is not a saved session (a safetensors file of another kind)")
+    if meta.get("version") != str(SESSION_VERSION):
+        raise UserError(f"session file {path} has format version {meta.get('version')}; this "
+                        f"engine reads version {SESSION_VERSION}: save the session again")
+    missing = {"model", "cache", "batch_size", "max_seq_length", "dtype"} - set(meta)
+    if missing:
+        raise UserError(f"session file {path} is damaged: no {', '.join(sorted(missing))}")
+    return meta
+
+
+def describe_spec(spec: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in spec.items())
+
+
+def row_view(cache, b: int):
+    """Cache `cache` seen as batch row b alone: its buffers are views of row b, so in-place
+    writes land in the batched buffers (a row's prompt is prefilled on its own)."""
+    import copy
+    view = copy.copy(cache)
+    view._buffers = {name: (t if name in ("rope", "rng_key") or t is None else t[b:b + 1])
+                     for name, t in cache._buffers.items()}
+    return view
+
+
+class Generator(Session):
+    """One-shot generation: every `generate(prompt, ...)` starts the session afresh."""
+
+    def __init__(self, model: Transformer, max_seq_length: int, batch_size: int = 1,
+                 make_cache=None, compile: bool = False, compile_prefill: bool = False):
+        super().__init__(model, make_cache, max_seq_length, batch_size, compile, compile_prefill)
+
+    def check_prompt(self, n_prompt: int) -> None:
+        if n_prompt == 0:
+            raise UserError("the prompt is empty after tokenization; pass a non-empty prompt")
+        if n_prompt >= self.max_seq_length and not self.unbounded:
+            raise UserError(f"the prompt is {n_prompt} tokens but the session holds "
+                            f"{self.max_seq_length} positions; raise max_seq_length above "
+                            f"{n_prompt} or shorten the prompt")
+
+    def generate(self, prompt: list, max_new_tokens: int, temperature: float = 0.0,
+                 top_k: Optional[int] = None, eos_ids=(),
+                 callback: Optional[Callable[[int], None]] = None) -> Generation:
+        """prompt: token ids (one sequence, for every row) or one list per row (any lengths).
+        callback(token_id) receives every new token of the first row."""
+        rows = prompt if prompt and isinstance(prompt[0], (list, tuple)) else [prompt]
+        if len(rows) == 1 and self.batch_size > 1:
+            rows = rows * self.batch_size
+        if len(rows) != self.batch_size:
+            raise UserError(f"expected {self.batch_size} prompts, got {len(rows)}")
+        self.check_prompt(max(len(r) for r in rows))
+        self.reset()
+        self.append(rows)
+        return super().generate(max_new_tokens, temperature, top_k, eos_ids, callback)
 
 
 def cut_at_eos(ids: list, eos: set) -> list:

@@ -381,6 +381,7 @@ def run_sweep(cfg: SweepConfig) -> dict:
     import torch
     from tqdm import tqdm
 
+    from caches import build_caches
     from engine.evaluation import (batched_streaming_perplexity, compile_step, corpus_path,
                                    downsample_curve, encode_prefix, read_text, score_step,
                                    warmup)
@@ -430,14 +431,14 @@ def run_sweep(cfg: SweepConfig) -> dict:
     for spec, size, todo in groups:
         model = env.model
         name = spec.label + ("" if size is None else f"@{size}")
-        with torch.device(device):
-            model.setup_caches(len(todo), max(cfg.max_tokens, 0 if size is None
-                                              else spec.slots(size)), spec.factory(size, cfg.seed))
+        caches = build_caches(model, len(todo), max(cfg.max_tokens, 0 if size is None
+                                                    else spec.slots(size)),
+                              spec.factory(size, cfg.seed))
         step, compile_s = score_step, 0.0
         if cfg.compile:
             _reset_compiler()
-            step = compile_step(score_step, model)
-            compile_s = warmup(model, step, len(todo))
+            step = compile_step(score_step, model, caches)
+            compile_s = warmup(model, caches, step, len(todo))
         bar = tqdm(total=cfg.max_tokens - 1, unit="tok", unit_scale=len(todo),
                    desc=f"{name} [{','.join(todo)}]", leave=False,
                    disable=not sys.stderr.isatty())
@@ -447,9 +448,10 @@ def run_sweep(cfg: SweepConfig) -> dict:
                 bar.update(n - bar.n)
                 bar.set_postfix(ppl=f"{math.exp(nlls.mean().item()):.2f}")
 
-        results = batched_streaming_perplexity(model, [streams[c] for c in todo], step, progress)
+        results = batched_streaming_perplexity(model, caches, [streams[c] for c in todo], step,
+                                               progress)
         bar.close()
-        nbytes = sum(c.nbytes for c in model.caches()) // len(todo)
+        nbytes = sum(c.nbytes for c in caches) // len(todo)
         for corpus, r in zip(todo, results):
             row = {"key": cell_key(spec, size, corpus), "label": spec.label,
                    "policy": spec.cache, "cache_size": size, "corpus": corpus,

@@ -167,6 +167,33 @@ def _jinja_env():
     return env
 
 
+class StreamingDetokenizer:
+    """Text as tokens arrive, in time linear in the number of tokens: each step decodes only the
+    last few tokens (from `prefix`, a few tokens back, so that a leading space or a merge across
+    the boundary decodes as it would in the whole text) and emits what they add. Text that ends
+    in an incomplete UTF-8 sequence waits for the next token.
+
+        detok = StreamingDetokenizer(tokenizer)
+        for t in ids: print(detok.add(t), end="")
+    """
+
+    def __init__(self, tokenizer: "Tokenizer"):
+        self.tokenizer = tokenizer
+        self.ids: list = []
+        self.prefix = 0  # decoding starts here
+        self.read = 0    # ids before this have been emitted
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        done = self.tokenizer.decode(self.ids[self.prefix:self.read])
+        text = self.tokenizer.decode(self.ids[self.prefix:])
+        if len(text) <= len(done) or text.endswith("\ufffd"):
+            return ""
+        # Keep a few emitted tokens as context for the next decode, drop the rest.
+        self.prefix, self.read = max(self.read, len(self.ids) - 4), len(self.ids)
+        return text[len(done):]
+
+
 class SentencePieceTokenizer(Tokenizer):
     kind = "sentencepiece"
 

@@ -36,10 +36,9 @@ def main():
         gen = Generator(model, 1024, make_cache=make_cache_factory(
             args.cache, cache_size=args.cache_size, chunk=chunk))
         with torch.inference_mode():
-            model.reset_caches()
-            n = len(ids) - 1
-            gen.prefill_prompt(torch.tensor([ids[:n]]), 0.0, None)
-            logits = model(torch.tensor([[ids[n]]]), torch.tensor([n]))[0, -1]
+            gen.reset()
+            gen.append(ids)  # the last token's logits after the chunked prompt
+            logits = gen.logits[0]
         greedy = gen.generate(ids, 32).new_ids[0]
         results[chunk] = (torch.log_softmax(logits, -1), greedy)
     ref_logp, ref_greedy = results[1]

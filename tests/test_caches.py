@@ -6,7 +6,7 @@ import torch
 import torch._dynamo
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
-from caches import POLICIES, FullCache, make_cache_factory
+from caches import POLICIES, FullCache, build_caches, make_cache_factory
 from caches.cam import CaMCache
 from caches.h2o import H2OCache
 from caches.lagkv import LagKVCache
@@ -16,7 +16,7 @@ from caches.weightedkv import WeightedKVCache
 from conftest import tiny_model
 from core.errors import UserError
 from engine.generation import Generator, compile_decode, decode_one_token
-from model import rope_table
+from model import KVView, rope_table
 from quantize.kv import dequantize_int8, quantize_int8
 
 COMPRESSING = [p for p in POLICIES if p != "full"]
@@ -35,8 +35,8 @@ def variants():
 def stream_logits(model, ids, make_cache, max_seq_length=256):
     """Feed ids [B, T] one token at a time through the decode path; logits [B, T, V]."""
     B, T = ids.shape
-    model.setup_caches(B, max_seq_length, make_cache)
-    return torch.cat([model(ids[:, t:t + 1], torch.tensor([t])) for t in range(T)], dim=1)
+    caches = build_caches(model, B, max_seq_length, make_cache)
+    return torch.cat([model(ids[:, t:t + 1], torch.tensor([t]), caches) for t in range(T)], dim=1)
 
 
 @pytest.mark.parametrize("name,middle,positions,batch", list(variants()))
@@ -46,13 +46,13 @@ def test_policy_matrix_runs_long_in_constant_memory(name, middle, positions, bat
                                  chunk=8)
     gen = Generator(model, max_seq_length=128, batch_size=batch, make_cache=factory)
     before = gen.cache_bytes
-    caches = model.caches()
+    caches = gen.caches
     prompt = [[(7 * i + 3 * b) % 256 for i in range(21)] for b in range(batch)]
     n_new = 4 * BUDGET + 10  # well past the budget: fill, then evict for many steps
     with torch.inference_mode():
         # sample so that the two sequences of a batch diverge and keep their own index maps
         out = gen.generate(prompt, n_new, temperature=1.0)
-        logits = model(torch.tensor([[5] * batch]).T, torch.tensor([21 + n_new]))
+        logits = model(torch.tensor([[5] * batch]).T, torch.tensor([21 + n_new]), caches)
     assert out.new_tokens == n_new
     assert gen.cache_bytes == before
     assert torch.isfinite(logits).all()
@@ -80,7 +80,7 @@ def test_compiled_decode_never_recompiles(name, region):
     if region == "whole-step":  # the CUDA path
         gen.decode_fn = torch.compile(decode_one_token, backend=counter, fullgraph=True)
     else:  # the CPU path: both blocks run through one graph (+ one for prompt-chunk compression)
-        compile_decode(decode_one_token, model, backend=counter)
+        compile_decode(decode_one_token, model, backend=counter, caches=gen.caches)
     assert gen.generate(list(range(1, 12)), 70).new_ids[0] == expected
     # fill phase and eviction phase share one graph
     assert counter.frame_count == (1 if region == "whole-step" else 2)
@@ -101,7 +101,7 @@ def test_inductor_compiled_policy_matches_eager(name):
     model.block_step = None
     gen.decode_fn = decode_one_token
     counter = CompileCounterWithBackend("inductor")
-    compile_decode(decode_one_token, model, backend=counter)
+    compile_decode(decode_one_token, model, backend=counter, caches=gen.caches)
     assert gen.generate(list(range(1, 12)), 50).new_ids[0] == expected
     assert counter.frame_count == 2  # the block step and the prompt chunk's compression step
 
@@ -131,8 +131,8 @@ class WindowedFullCache(FullCache):
     def update(self, input_pos, q, k, v):
         q, segments, mask = super().update(input_pos, q, k, v)
         pos = self.pos.unsqueeze(-2)
-        cur = input_pos.view(-1, 1)
-        return q, segments, mask & ((pos < self.sink) | (pos >= cur - self.window))
+        cur = input_pos.view(input_pos.shape[0], 1, -1, 1)
+        return KVView(q, segments, mask & ((pos < self.sink) | (pos >= cur - self.window)))
 
 
 def test_streaming_matches_sink_plus_window_reference():
@@ -154,14 +154,14 @@ class FakeQuantFullCache(FullCache):
     def update(self, input_pos, q, k, v):
         q, segments, mask = super().update(input_pos, q, k, v)
         k_all, v_all = segments[0].k, segments[0].v
-        pos = self.pos.view(-1, 1)
-        cur = input_pos[-1]
+        pos = self.pos.unsqueeze(-1)  # [B, 1, S, 1]
+        cur = input_pos[:, -1].view(-1, 1, 1, 1)
         middle = (pos >= self.sink) & (pos < cur - self.window)  # left the window before cur
         fq = lambda x: dequantize_int8(*quantize_int8(x)).to(x.dtype)  # noqa: E731
         k_ref = torch.where(middle, fq(k_all), k_all)
         v_ref = torch.where(middle, fq(v_all), v_all)
         from model import KVSegment
-        return q, [KVSegment(k_ref, v_ref)], mask
+        return KVView(q, [KVSegment(k_ref, v_ref)], mask)
 
 
 def test_quantized_matches_fake_quant_reference():
@@ -197,12 +197,12 @@ def step(cache, t, value, probs):
     """Write token t (key = value = `value`), then hand the cache attention `probs` over its
     slots, given by position: {pos: p}."""
     x = torch.full((1, 1, 1, cache.k_fast.shape[-1]), float(value))
-    cache.update(torch.tensor([t]), x.repeat(1, 1, 1, 1), x, x)
+    cache.update(torch.tensor([[t]]), x.repeat(1, 1, 1, 1), x, x)
     p = torch.zeros(1, 1, 1, 1, cache.capacity)
     for slot, pos in enumerate(cache.pos[0, 0].tolist()):
         if pos in probs:
             p[..., slot] = probs[pos]
-    cache.observe(p)
+    cache.commit(torch.tensor([[t]]), p)
 
 
 def value_at(cache, position):
@@ -295,12 +295,12 @@ def test_tova_drops_the_same_token_in_every_head():
     cache = standalone(TOVACache, sink=1, window=2, middle=1, H=2)
     x = torch.zeros(1, 2, 1, 4)
     for t in range(5):
-        cache.update(torch.tensor([t]), torch.zeros(1, 2, 1, 4), x, x)
+        cache.update(torch.tensor([[t]]), torch.zeros(1, 2, 1, 4), x, x)
         p = torch.zeros(1, 2, 1, 1, cache.capacity)
         p[0, 0, 0, 0, :t + 1] = torch.linspace(0, 1, t + 1)   # head 0 prefers late tokens
         p[0, 1, 0, 0, :t + 1] = torch.linspace(1, 0, t + 1)   # head 1 prefers early ones
         p = p / p.sum(-1, keepdim=True).clamp(min=1e-9)
-        cache.observe(p)
+        cache.commit(torch.tensor([[t]]), p)
     kept = [sorted(q for q in cache.pos[0, h].tolist() if q >= 0) for h in range(2)]
     assert kept[0] == kept[1]
 
@@ -311,11 +311,11 @@ def test_cam_merge_is_reproducible_under_a_seed_and_merges_v_over_m():
         w = torch.rand(4, 40, generator=torch.Generator().manual_seed(0))  # per head, position
         for t in range(30):
             x = torch.full((1, 4, 1, 4), float(t + 1))
-            cache.update(torch.tensor([t]), x, x, x)
+            cache.update(torch.tensor([[t]]), x, x, x)
             # attention goes to the two newest tokens only: A_i / mean(A_next) lands in (0, 1)
             pos = cache.pos[0]
             p = torch.where(pos >= t - 1, w.gather(1, pos.clamp(min=0).long()), 0.0)
-            cache.observe((p / p.sum(-1, keepdim=True)).view(1, 4, 1, 1, -1))
+            cache.commit(torch.tensor([[t]]), (p / p.sum(-1, keepdim=True)).view(1, 4, 1, 1, -1))
         return cache.v_fast.clone(), cache.pos.clone()
 
     a, b = run(seed=3), run(seed=3)
@@ -331,11 +331,11 @@ def test_cam_merge_arithmetic_when_the_draw_succeeds():
     for t in range(5):
         x = torch.full((1, 1, 1, 4), float(10 * (t + 1)))
         vals[t] = 10.0 * (t + 1)
-        cache.update(torch.tensor([t]), x, x, x)
+        cache.update(torch.tensor([[t]]), x, x, x)
         p = torch.zeros(1, 1, 1, 1, cache.capacity)
         valid = cache.pos[0, 0] >= 0
         p[..., valid] = 1.0 / valid.sum()
-        cache.observe(p)
+        cache.commit(torch.tensor([[t]]), p)
     # step 4: position 1 leaves the window (window = {2, 3, 4}); V_1 / 2 goes to 2 and 3
     assert 1 not in cache.pos[0, 0].tolist()
     assert torch.allclose(value_at(cache, 2), torch.full((4,), vals[2] + vals[1] / 2))
@@ -351,8 +351,8 @@ def test_lagkv_selection_matches_the_formula():
     ks, vs = torch.randn(1, H, 20, D), torch.randn(1, H, 20, D)
     n = sink + 2 * L  # partition 0 = positions [2, 6), successor [6, 10): scored at step 9
     for t in range(n):
-        cache.update(torch.tensor([t]), torch.zeros(1, H, 1, D), ks[:, :, t:t + 1], vs[:, :, t:t + 1])
-        cache.observe(torch.zeros(1, H, 1, 1, cache.capacity))
+        cache.update(torch.tensor([[t]]), torch.zeros(1, H, 1, D), ks[:, :, t:t + 1], vs[:, :, t:t + 1])
+        cache.commit(torch.tensor([[t]]), torch.zeros(1, H, 1, 1, cache.capacity))
 
     def direct(x):
         part, succ = x[0, :, sink:sink + L], x[0, :, sink + L:sink + 2 * L]
@@ -368,8 +368,8 @@ def test_lagkv_selection_matches_the_formula():
     assert torch.equal(keep, torch.zeros(H, L).scatter_(1, top, 1.0))
     # as partition 0 leaves the window, only its selected tokens enter the middle
     for t in range(n, n + L):
-        cache.update(torch.tensor([t]), torch.zeros(1, H, 1, D), ks[:, :, t:t + 1], vs[:, :, t:t + 1])
-        cache.observe(torch.zeros(1, H, 1, 1, cache.capacity))
+        cache.update(torch.tensor([[t]]), torch.zeros(1, H, 1, D), ks[:, :, t:t + 1], vs[:, :, t:t + 1])
+        cache.commit(torch.tensor([[t]]), torch.zeros(1, H, 1, 1, cache.capacity))
     for h in range(H):
         kept = {p for p in cache.pos[0, h].tolist() if sink <= p < sink + L}
         assert kept == {sink + i for i in top[h].tolist()}

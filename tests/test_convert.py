@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from caches import build_caches
 from conftest import DATA, ROOT, run_cli
 from engine.checkpoint import load_model, read_config
 from engine.convert import OutputExistsError, convert, hf_model_args
@@ -31,16 +32,15 @@ N_LOGITS, N_PROMPT, N_GREEDY = 256, 32, 32
 def engine_run(ckpt, ids, prompt_len=N_PROMPT, n_new=N_GREEDY, max_seq_length=512):
     """(logits of a full forward over ids, greedy continuation of ids[:, :prompt_len])."""
     model = load_model(ckpt, dtype=torch.float32)
-    model.setup_caches(1, max_seq_length)
     with torch.no_grad():
-        logits = model(ids, torch.arange(ids.shape[1]))
-        model.reset_caches()
-        last = model(ids[:, :prompt_len], torch.arange(prompt_len))[:, -1]
+        logits = model(ids, torch.arange(ids.shape[1]), build_caches(model, 1, max_seq_length))
+        caches = build_caches(model, 1, max_seq_length)
+        last = model(ids[:, :prompt_len], torch.arange(prompt_len), caches)[:, -1]
         out = []
         for pos in range(prompt_len, prompt_len + n_new):
             nxt = last.argmax(-1)
             out.append(int(nxt))
-            last = model(nxt.view(1, 1), torch.tensor([pos]))[:, -1]
+            last = model(nxt.view(1, 1), torch.tensor([pos]), caches)[:, -1]
     return logits, out
 
 
@@ -279,9 +279,8 @@ def test_tiny_llama3_rope_scaling_untied(tiny_llama3, config_style, tmp_path):
     # The scaling matters at positions past the original context: dropping it shows up there.
     model = load_model(out)
     model.args.rope_scaling = None
-    model.setup_caches(1, 512)
     with torch.no_grad():
-        plain = model(tiny_llama3["ids"], torch.arange(200))
+        plain = model(tiny_llama3["ids"], torch.arange(200), build_caches(model, 1, 512))
     assert (plain - tiny_llama3["logits"])[:, 100:].abs().max().item() > 1e-2
 
 

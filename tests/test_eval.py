@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from caches import FullCache, make_cache_factory
+from caches import FullCache, build_caches, make_cache_factory
 from conftest import DATA, ROOT, run_cli, tiny_model
 from engine.checkpoint import load_model
 from core.errors import UserError
@@ -24,14 +24,12 @@ def model_and_ids(default_checkpoint):
 def test_streaming_protocol_scores_token_t_from_step_t_minus_1(model_and_ids):
     model, ids = model_and_ids
     ids = ids[:64]
-    model.setup_caches(1, 64, FullCache)
     with torch.inference_mode():
-        logits = model(torch.tensor([ids]), torch.arange(64))[0]
+        logits = model(torch.tensor([ids]), torch.arange(64), build_caches(model, 1, 64))[0]
     # direct: one forward over all ids; the NLL of ids[t + 1] from the logits at t
     direct = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:]),
                                                reduction="none")
-    model.setup_caches(1, 64, FullCache)
-    result = streaming_perplexity(model, ids)
+    result = streaming_perplexity(model, build_caches(model, 1, 64, FullCache), ids)
     assert result.tokens == 63 and len(result.nlls) == 63 and len(result.curve) == 63
     assert torch.allclose(torch.tensor(result.nlls), direct, atol=1e-4)
     # an off-by-one (scoring ids[t] from the logits at t, or from t - 2) would not match
@@ -50,11 +48,10 @@ def test_batched_streams_score_as_they_would_alone(policy, options):
     model = tiny_model()
     g = torch.Generator().manual_seed(1)
     streams = [torch.randint(0, 256, (72,), generator=g).tolist() for _ in range(3)]
-    model.setup_caches(3, 72, make_cache_factory(policy, **options))
-    batched = batched_streaming_perplexity(model, streams)
+    factory = make_cache_factory(policy, **options)
+    batched = batched_streaming_perplexity(model, build_caches(model, 3, 72, factory), streams)
     for stream, got in zip(streams, batched):
-        model.setup_caches(1, 72, make_cache_factory(policy, **options))
-        alone = streaming_perplexity(model, stream)
+        alone = streaming_perplexity(model, build_caches(model, 1, 72, factory), stream)
         assert torch.allclose(torch.tensor(got.nlls), torch.tensor(alone.nlls), atol=1e-4)
         assert got.tokens == alone.tokens == 71
     # the rows differ (no row leaked into another)
@@ -63,9 +60,8 @@ def test_batched_streams_score_as_they_would_alone(policy, options):
 
 def test_batched_streams_must_have_equal_length():
     model = tiny_model()
-    model.setup_caches(2, 16, FullCache)
     with pytest.raises(UserError, match="equal length"):
-        batched_streaming_perplexity(model, [[1, 2, 3], [1, 2]])
+        batched_streaming_perplexity(model, build_caches(model, 2, 16), [[1, 2, 3], [1, 2]])
 
 
 def test_corpus_names_match_prepare_script():
@@ -89,14 +85,13 @@ def test_encode_prefix_equals_encoding_everything(default_checkpoint):
 def test_quantized_keeps_full_cache_perplexity(model_and_ids):
     model, ids = model_and_ids
     ids = ids[:320]
-    model.setup_caches(1, 320, FullCache)
-    full = streaming_perplexity(model, ids)
+    full = streaming_perplexity(model, build_caches(model, 1, 320, FullCache), ids)
     # cache_size 32: sink 4 + window 12 in float32, every older token in int8
-    model.setup_caches(1, 320, make_cache_factory("quantized", cache_size=32, chunk=8))
-    quant = streaming_perplexity(model, ids)
+    quant = streaming_perplexity(model, build_caches(
+        model, 1, 320, make_cache_factory("quantized", cache_size=32, chunk=8)), ids)
     assert abs(quant.ppl / full.ppl - 1) < 0.01, (quant.ppl, full.ppl)
-    model.setup_caches(1, 320, make_cache_factory("streaming", cache_size=32, chunk=8))
-    dropped = streaming_perplexity(model, ids)
+    dropped = streaming_perplexity(model, build_caches(
+        model, 1, 320, make_cache_factory("streaming", cache_size=32, chunk=8)), ids)
     assert dropped.ppl > quant.ppl  # dropping the middle costs more than quantizing it
 
 

@@ -7,7 +7,7 @@ some layers and loses slightly in others; summed over the model it wins.
 """
 import torch
 
-from caches import FullCache, make_cache_factory
+from caches import FullCache, build_caches, make_cache_factory
 from conftest import DATA
 from engine.checkpoint import load_model
 from engine.tokenizer import load_tokenizer
@@ -28,25 +28,26 @@ def test_merging_beats_eviction_on_real_kv(default_checkpoint):
     tokenizer = load_tokenizer(default_checkpoint)
     ids = tokenizer.encode((DATA / "kjv_genesis_1_2.txt").read_text())[:192]
     T = len(ids)
-    model.setup_caches(1, T, Recorder)
+    recorders = build_caches(model, 1, T, Recorder)
     with torch.inference_mode():
-        model(torch.tensor([ids]), torch.arange(T))
-    rope = model.layers[0].attention.kv_cache.rope
+        model(torch.tensor([ids]), torch.arange(T), recorders)
+    rope = recorders[0].rope
 
     errors = {"weightedkv": [], "weightedkv-evict": []}
     for layer in range(0, len(model.layers), 2):
-        q, k, v = model.layers[layer].attention.kv_cache.seen
+        q, k, v = recorders[layer].seen
         full = FullCache(1, 3, 64, T, torch.float32, rope)
         caches = {name: make_cache_factory(name, cache_size=16, chunk=1)(1, 3, 64, T,
                                                                           torch.float32, rope)
                   for name in errors}
         with torch.inference_mode():
             for t in range(T):
-                pos = torch.tensor([t])
+                pos = torch.tensor([[t]])
                 step = (q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1])
-                ref = attend(*full.update(pos, *step))
+                ref, _ = attend(full.update(pos, *step))
                 for name, cache in caches.items():
-                    out = attend(*cache.update(pos, *step), cache)
+                    out, probs = attend(cache.update(pos, *step), need_probs=cache.wants_probs)
+                    cache.commit(pos, probs)
                     if t >= 40:  # the budget has been full for a while
                         errors[name].append(((out - ref).norm() / ref.norm()).item())
     merge = sum(errors["weightedkv"]) / len(errors["weightedkv"])

@@ -5,13 +5,14 @@ import torch
 import torch._dynamo
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
+from caches import build_caches
 from conftest import tiny_model
 from engine.generation import Generator, decode_one_token, prefill_bucket, sample
 
 
-def full_logits(model, ids, max_seq_length=64):
-    model.setup_caches(ids.shape[0], max_seq_length)
-    return model(ids, torch.arange(ids.shape[1]))
+def full_logits(model, ids, max_seq_length=64, make_cache=None):
+    return model(ids, torch.arange(ids.shape[1]),
+                 build_caches(model, ids.shape[0], max_seq_length, make_cache))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -19,10 +20,10 @@ def test_incremental_matches_full_forward(dtype):
     model = tiny_model(attention_bias=True).to(dtype)
     ids = torch.randint(0, 256, (2, 24))
     ref = full_logits(model, ids)
-    model.reset_caches()
-    outs = [model(ids[:, :9], torch.arange(9))]
+    caches = build_caches(model, 2, 64)
+    outs = [model(ids[:, :9], torch.arange(9), caches)]
     for t in range(9, 24):
-        outs.append(model(ids[:, t:t + 1], torch.tensor([t])))
+        outs.append(model(ids[:, t:t + 1], torch.tensor([t]), caches))
     inc = torch.cat(outs, 1)
     tol = 1e-4 if dtype == torch.float32 else 0.1
     assert (inc - ref).abs().max().item() < tol
@@ -39,10 +40,11 @@ def test_gqa_and_mha_layouts_agree_with_explicit_attention():
     layer = model.layers[0].attention
     x = model.tok_embeddings(ids)
     h = model.layers[0].attention_norm(x)
-    out = layer(h, torch.arange(10))
+    caches = build_caches(model, 1, 64)
+    out = layer(h, torch.arange(10).view(1, -1), caches[0])
     q, k, v = layer.wqkv(h).split([64, 32, 32], -1)
     from model import apply_rope
-    rope = layer.kv_cache.rope[:10]
+    rope = caches[0].rope[:10]
     q = apply_rope(q.view(1, 10, 4, 16).transpose(1, 2), rope)
     k = apply_rope(k.view(1, 10, 2, 16).transpose(1, 2), rope).repeat_interleave(2, 1)
     v = v.view(1, 10, 2, 16).transpose(1, 2).repeat_interleave(2, 1)
@@ -118,7 +120,7 @@ def test_generation_stops_at_eos():
 def test_cache_bytes_are_exact():
     model = tiny_model()
     gen = Generator(model, max_seq_length=100, batch_size=2)
-    per_layer = 2 * (2 * 2 * 100 * 16 * 4) + 100 * 8  # K and V float32, pos int64
+    per_layer = 2 * (2 * 2 * 100 * 16 * 4) + 2 * 100 * 8  # K and V float32, pos int64 per row
     assert gen.cache_bytes == 2 * per_layer
 
 
@@ -130,14 +132,13 @@ def test_explicit_attention_path_matches_sdpa_and_reports_probabilities():
     class ObservingCache(FullCache):
         wants_probs = True
 
-        def observe(self, probs):
+        def commit(self, input_pos, probs):
             seen.append(probs)
 
     model = tiny_model()
     ids = torch.randint(0, 256, (2, 12))
     ref = full_logits(model, ids)
-    model.setup_caches(2, 64, ObservingCache)
-    out = model(ids, torch.arange(12))
+    out = full_logits(model, ids, make_cache=ObservingCache)
     assert (out - ref).abs().max() < 1e-4
     probs = seen[0]  # [B, Hkv, G, T, S]
     assert probs.shape == (2, 2, 2, 12, 64)

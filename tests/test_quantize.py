@@ -5,6 +5,7 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
+from caches import build_caches
 from conftest import run_cli, tiny_model
 
 from engine.checkpoint import WEIGHTS_NAME, load_model
@@ -70,9 +71,9 @@ def linear_inputs(float_model, default_checkpoint):
         hooks.append(float_model.get_submodule(name).register_forward_pre_hook(
             lambda mod, a, name=name: inputs.__setitem__(name, a[0].clone())))
     try:
-        float_model.setup_caches(1, 64)
         with torch.inference_mode():
-            float_model(torch.tensor([ids]), torch.arange(len(ids)))
+            float_model(torch.tensor([ids]), torch.arange(len(ids)),
+                        build_caches(float_model, 1, 64))
     finally:
         for h in hooks:
             h.remove()
