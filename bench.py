@@ -88,6 +88,8 @@ def policy_factories(args, notes: list) -> dict:
     """policy -> (cache factory, settings): each cache flag goes to the policies it fits; a flag
     that fits none of the listed policies is an error (the factory's own message)."""
     from caches import POLICIES, policy_options
+    if args.positions == "auto":  # every timed stream fits the model's context (main checks)
+        args.positions = "original"
     fits = {
         "kv_middle": lambda c: args.kv_middle == "model" or POLICIES[c].has_middle,
         "positions": lambda c: args.positions == "original" or c != "full",
@@ -506,8 +508,6 @@ def main(argv=None) -> None:
         print(list_caches())
         return
     notes = []
-    if args.positions == "auto":  # every timed stream fits the model's context (checked below)
-        args.positions = "original"
     factories = policy_factories(args, notes)
     transformers = None
     if args.peer == "transformers":

@@ -18,7 +18,8 @@ COMPRESSING = [p for p in POLICIES if p != "full"]
 
 
 def factory(name, **kw):
-    return make_cache_factory(name, **(dict(cache_size=16, chunk=8, **kw) if name != "full" else {}))
+    return make_cache_factory(name, **({"cache_size": 16, "chunk": 8, **kw} if name != "full"
+                                       else {}))
 
 
 def retained(session):
@@ -154,7 +155,7 @@ def test_one_decode_graph_across_turns_and_save_load(tmp_path):
     torch._dynamo.reset()
     model = tiny_model()
     counter = CompileCounter()
-    s = Session(model, factory("weightedkv"), max_seq_length=128)
+    s = Session(model, factory("weightedkv"), max_seq_length=512)
     s.decode_fn = compile_decode(decode_one_token, model, backend=counter, caches=s.caches)
     for turn in range(4):
         s.append([turn + 1] * (5 + 9 * turn))  # chunks and single tokens
