@@ -23,7 +23,7 @@ class Chat:
         """Forget the conversation and empty the session."""
         self.session.reset()
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
-        self.rendered = self._render(add_generation_prompt=False) if self.messages else ""
+        self.rendered = ""  # the rendered conversation, as far as the session has read it
         self.carry = ""  # rendered text the session has not read yet (the end of the last turn)
 
     def _render(self, add_generation_prompt: bool) -> str:

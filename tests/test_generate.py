@@ -102,3 +102,43 @@ def test_non_llama_and_foreign_configs(tmp_path):
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps({"model_type": "llama"}))
     one_line_error(generate("--checkpoint_path", hf), "convert")
+
+
+def test_positions_auto_picks_original_while_the_stream_fits():
+    import argparse
+
+    from engine.cli import resolve_positions
+
+    def settle(cache, tokens, positions="auto"):
+        return resolve_positions(argparse.Namespace(cache=cache, positions=positions), tokens, 8192)
+
+    assert settle("weightedkv", 4000) == "original"
+    assert settle("weightedkv", 100_000) == "cache"
+    assert settle("weightedkv", None) == "cache"      # a chat: its length is unknown
+    assert settle("full", 100_000) == "original"      # full stops at the context instead
+    assert settle("weightedkv", 100_000, "original") == "original"  # explicit stays
+
+
+def test_default_flags_run_past_the_context(default_checkpoint, tmp_path):
+    # The default model with its context cut to 128 positions: a compressing cache streams on
+    # past it with the default --positions auto, in constant memory; full stops at it.
+    import os
+    small = tmp_path / "ctx128"
+    small.mkdir()
+    cfg = json.loads((default_checkpoint / "config.json").read_text())
+    cfg["model"]["max_position_embeddings"] = 128
+    (small / "config.json").write_text(json.dumps(cfg))
+    for f in default_checkpoint.iterdir():
+        if f.name != "config.json":
+            os.symlink(f, small / f.name)
+    prompt = "The history of the Roman Empire spans many centuries, from"
+    proc = generate("--checkpoint_path", small, "--prompt", prompt, "--cache", "weightedkv",
+                    "--cache_size", "64", "--max_new_tokens", "300", "--temperature", "0.8",
+                    "--seed", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["positions"] == "cache" and out["new_tokens"] > 128, out["new_tokens"]
+    full = generate("--checkpoint_path", small, "--prompt", prompt, "--max_new_tokens", "300",
+                    "--temperature", "0", "--json")
+    assert full.returncode == 0 and "positions stop at 128" in full.stderr
+    assert json.loads(full.stdout)["positions"] == "original"

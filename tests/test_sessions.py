@@ -199,6 +199,37 @@ def test_saved_document_answers_like_a_fresh_read(default_checkpoint, tmp_path):
     assert len({tuple(tok.encode(q)) for q in QUESTIONS}) == 3
 
 
+@pytest.fixture(scope="module")
+def smol(default_checkpoint):
+    from engine.checkpoint import load_model
+    from engine.tokenizer import load_tokenizer
+    return load_model(default_checkpoint), load_tokenizer(default_checkpoint)
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_chat_appends_only_what_each_turn_adds(name, smol):
+    # Whatever the policy, the session has read exactly the rendered conversation: each turn's
+    # suffix, the model's own replies (end-of-turn token included) and nothing twice.
+    from engine.chat import Chat
+    model, tok = smol
+    make = make_cache_factory(name, **({"cache_size": 48, "chunk": 8, "positions": "cache"}
+                                       if name != "full" else {}))
+    session = Session(model, make, max_seq_length=512 if name == "full" else 64)
+    chat = Chat(session, tok, system="Be brief.")
+    sizes = set()
+    for text in ["Hi!", "What is the capital of France?", "And of Spain?"]:
+        chat.turn(text, 6)
+        sizes.add(session.cache_bytes)
+    chat.messages.append({"role": "user", "content": "Bye."})
+    rendered = tok.encode(tok.apply_chat_template(chat.messages), bos=False)
+    fed = session.tokens[0] + session.pending.view(-1).tolist()
+    replies_end = [m["content"] for m in chat.messages if m["role"] == "assistant"]
+    assert len(replies_end) == 3 and len(sizes) == 1
+    # the history is a prefix of the re-rendered conversation, up to where the last reply ends
+    # (the template's closing text of that reply is read with the next turn)
+    assert rendered[:len(fed)] == fed or tok.decode(rendered).startswith(tok.decode(fed)), name
+
+
 def test_interactive_chat_in_a_terminal(default_checkpoint, tmp_path):
     """Ten turns of `generate.py --interactive` driven through a pseudo-terminal: the prompt line
     counts the tokens seen, the cache bytes stay fixed, /save writes a loadable session, /reset

@@ -542,3 +542,19 @@ def test_chat_template_errors(smol_ours, tmp_path):
     broken = load(dict(section, chat_template="{% if %}"), tmp_path)
     with pytest.raises(UserError, match="chat template"):
         broken.apply_chat_template(MESSAGES)
+
+
+@pytest.mark.parametrize("kind", ["smollm2", "sentencepiece", "llama3"])
+def test_streaming_detokenizer_emits_exactly_the_decoded_text(kind, smol_ours, spm_ours,
+                                                             llama3_ours):
+    # Token by token, what it emits adds up to decoding the whole: leading spaces (SentencePiece),
+    # bytes split across tokens (UTF-8 held back until complete) and special tokens included.
+    from engine.tokenizer import StreamingDetokenizer
+    tok = {"smollm2": smol_ours, "sentencepiece": spm_ours, "llama3": llama3_ours}[kind]
+    tok = tok[0] if isinstance(tok, tuple) else tok
+    for text in [TEXT, *EDGE, "naïve café 日本語 🙂🙂 end"]:
+        ids = tok.encode(text)
+        detok = StreamingDetokenizer(tok)
+        pieces = [detok.add(t) for t in ids]
+        assert "".join(pieces) == tok.decode(ids), text
+        assert all("\ufffd" not in p for p in pieces)
