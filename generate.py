@@ -18,7 +18,7 @@ from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_
                         resolve_positions,
                         list_caches, non_negative_float, positive_int, resolve_device,
                         resolve_dtype, run)
-from core.errors import UserError
+from core.errors import UserError, as_flags
 
 MAX_SEQ_ROUND = 64
 
@@ -147,7 +147,7 @@ def interactive(args, session, tokenizer) -> None:
                       callback=TextStream(tokenizer, tokenizer.eos_ids))
             print()
         except UserError as e:  # a bad turn ends the turn, not the chat
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {as_flags(str(e))}", file=sys.stderr)
 
 
 def main(argv=None) -> None:

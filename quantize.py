@@ -11,7 +11,9 @@ from engine.cli import Parser, run
 
 
 def main() -> None:
-    from quantize.weights import GROUPSIZES, MODES, quantize_checkpoint
+    from engine.checkpoint import quantize_checkpoint
+    from engine.default_model import default_checkpoint
+    from quantize.weights import GROUPSIZES, MODES
 
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint_path", default=None,
@@ -22,7 +24,8 @@ def main() -> None:
     p.add_argument("--out", default=None,
                    help="output directory (default: DIR-int8 or DIR-int4-gG next to DIR)")
     args = p.parse_args()
-    out = quantize_checkpoint(args.checkpoint_path, args.mode, args.groupsize, args.out)
+    out = quantize_checkpoint(args.checkpoint_path or default_checkpoint(), args.mode,
+                              args.groupsize, args.out)
     print(f"wrote {out}")
 
 

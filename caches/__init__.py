@@ -52,19 +52,19 @@ def region_sizes(name: str, cache_size: int, sink=None, window=None) -> tuple[in
     cls = POLICIES[name]
     sink = DEFAULT_SINK if sink is None else sink
     if sink < 0:
-        raise UserError(f"--sink must be >= 0, got {sink}")
+        raise UserError(f"`sink` must be >= 0, got {sink}")
     if window is None:
         window = cache_size - sink if not cls.has_middle else cache_size // 2 - sink
     if window < 1:
-        raise UserError(f"--window must be at least 1 (got {window}); raise --cache_size or "
-                        f"lower --sink")
+        raise UserError(f"`window` must be at least 1 (got {window}); raise `cache_size` or "
+                        f"lower `sink`")
     middle = cache_size - sink - window if cls.has_middle else 0
     if cls.has_middle and middle < 1:
-        raise UserError(f"--cache_size {cache_size} leaves no middle for {name} with sink {sink} "
+        raise UserError(f"`cache_size` {cache_size} leaves no middle for {name} with sink {sink} "
                         f"and window {window}; it needs cache_size >= sink + window + 1 = "
                         f"{sink + window + 1}")
     if not cls.has_middle and sink + window != cache_size:
-        raise UserError(f"{name} keeps sink + window tokens: --cache_size {cache_size} must equal "
+        raise UserError(f"{name} keeps sink + window tokens: `cache_size` {cache_size} must equal "
                         f"sink {sink} + window {window}")
     return sink, window, middle
 
@@ -80,25 +80,25 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
     allowed = policy_options(name)
     unknown = sorted(set(options) - set(allowed))
     if unknown:
-        valid = ", ".join(f"--{o}" for o in allowed) or "none"
-        raise UserError(f"{name} has no option {', '.join('--' + u for u in unknown)} "
+        valid = ", ".join(f"`{o}`" for o in allowed) or "none"
+        raise UserError(f"{name} has no option {', '.join(f'`{u}`' for u in unknown)} "
                         f"(its options: {valid})")
     if kv_middle not in ("model", "int8"):
-        raise UserError(f"--kv_middle must be 'model' or 'int8', got {kv_middle!r}")
+        raise UserError(f"`kv_middle` must be 'model' or 'int8', got {kv_middle!r}")
     if positions not in ("original", "cache"):
-        raise UserError(f"--positions must be 'original' or 'cache', got {positions!r}")
+        raise UserError(f"`positions` must be 'original' or 'cache', got {positions!r}")
     if cls is FullCache:
         if kv_middle == "int8":
-            raise UserError("--kv_middle int8 needs a policy with a middle region; full has none "
-                            "(use --cache quantized)")
+            raise UserError("`kv_middle` int8 needs a policy with a middle region; full has none "
+                            "(use `cache` quantized)")
         if positions == "cache":
-            raise UserError("--positions cache needs a compressing policy; full keeps every "
+            raise UserError("`positions` cache needs a compressing policy; full keeps every "
                             "position")
         return CacheFactory(FullCache, {}, {"policy": name})
     if kv_middle == "int8" and not cls.has_middle:
-        raise UserError(f"--kv_middle int8 needs a policy with a middle region; {name} has none")
+        raise UserError(f"`kv_middle` int8 needs a policy with a middle region; {name} has none")
     if cache_size < 2:
-        raise UserError(f"--cache_size must be at least 2, got {cache_size}")
+        raise UserError(f"`cache_size` must be at least 2, got {cache_size}")
     sink, window, middle = region_sizes(name, cache_size, sink, window)
     cls.check_options(window, **options)
     int8 = kv_middle == "int8" or getattr(cls, "always_int8", False)

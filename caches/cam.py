@@ -37,7 +37,7 @@ class CaMCache(RegionCache):
     @classmethod
     def check_options(cls, window: int, merge_span: int = 16) -> None:
         if merge_span < 1:
-            raise UserError(f"--merge_span must be >= 1, got {merge_span}")
+            raise UserError(f"`merge_span` must be >= 1, got {merge_span}")
 
     def __init__(self, *args, merge_span: int = 16, **kw):
         super().__init__(*args, **kw)

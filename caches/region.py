@@ -64,7 +64,7 @@ class RegionCache(KVCache):
         if positions == "cache" and rope.shape[0] < sink + window + middle + chunk:
             raise UserError(f"rank positions rotate keys by their rank: the RoPE table "
                             f"({rope.shape[0]} positions) must cover the cache's "
-                            f"{sink + window + middle + chunk} slots; raise max_seq_length")
+                            f"{sink + window + middle + chunk} slots; raise `max_seq_length`")
         self.middle_int8 = middle_int8
         buf = self.register_buffer
         # k/v: the fast slots, followed by the middle when it is in the model dtype (one

@@ -11,13 +11,17 @@ and stores each quantized linear as qweight/scales(/zeros) (quantize/weights.py)
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
 
 from core.errors import UserError
 from core.tensors import read_safetensors
+from engine.files import publish_dir, save_weights, staging_dir
 from model import ModelArgs, Transformer
+from quantize.weights import (QuantConfig, QuantizedLinear, pack_model, quantize_state_dict,
+                              resolve_config, swap_linears)
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -58,7 +62,6 @@ def model_args(cfg: dict) -> ModelArgs:
 
 def quant_config(cfg: dict):
     """The checkpoint's QuantConfig (quantize/weights.py), or None for a float checkpoint."""
-    from quantize.weights import QuantConfig
     q = cfg.get("quantization")
     if q is None:
         return None
@@ -86,7 +89,6 @@ def load_model(checkpoint_dir, device="cpu", dtype=torch.float32, pack: bool = T
     with torch.device("meta"):
         model = Transformer(args)
         if qconfig is not None:
-            from quantize.weights import swap_linears
             try:
                 swap_linears(model, qconfig)  # unties a tied head: it is stored quantized
             except ValueError as e:
@@ -112,12 +114,59 @@ def load_model(checkpoint_dir, device="cpu", dtype=torch.float32, pack: bool = T
         model.output.weight = model.tok_embeddings.weight
     model = model.to(device=device).eval()
     if qconfig is not None and pack:
-        from quantize.weights import pack_model
         pack_model(model, dtype)
     return model
 
 
 def _in_quantized(model, key: str) -> bool:
-    from quantize.weights import QuantizedLinear
     mod = key.rpartition(".")[0]
     return isinstance(model.get_submodule(mod), QuantizedLinear) if mod else False
+
+
+def quantize_checkpoint(checkpoint_path, mode: str, groupsize=None, out=None) -> Path:
+    """Write a quantized copy of a float engine checkpoint to `out` (default DIR-int8 /
+    DIR-int4-gG next to it), atomically; UserError on bad input."""
+    src = Path(checkpoint_path).expanduser().absolute()
+    cfg = read_config(src)
+    args = model_args(cfg)
+    if cfg.get("quantization") is not None:
+        raise UserError(f"{src} is already quantized ({cfg['quantization']}); quantize its float "
+                        f"checkpoint instead")
+    if mode == "int8" and groupsize is not None:
+        raise UserError("`groupsize` applies to `mode` int4 only (int8 has one scale per output "
+                        "channel)")
+    try:
+        config = resolve_config(QuantConfig(mode, groupsize), args)
+    except ValueError as e:
+        raise UserError(f"`groupsize`: {e}") from None
+    suffix = "int8" if mode == "int8" else f"int4-g{config.groupsize}"
+    dst = Path(out).expanduser().absolute() if out else src.parent / f"{src.name}-{suffix}"
+    if dst.exists():
+        raise UserError(f"`out` {dst} already exists; pass a new `out` or remove it")
+    weights = src / WEIGHTS_NAME
+    if not weights.is_file():
+        raise UserError(f"{src} has no {WEIGHTS_NAME}; re-run convert_hf.py")
+    state = read_safetensors(weights)
+    try:
+        qstate = quantize_state_dict(state, args, config)
+    except KeyError as e:
+        raise UserError(f"{weights}: {e.args[0]}; re-run convert_hf.py") from None
+    del state
+
+    qcfg = dict(cfg, quantization=config.to_dict())
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with staging_dir(dst) as tmp:
+            for f in src.iterdir():  # tokenizer files and anything else the loader reads
+                if f.name not in (CONFIG_NAME, WEIGHTS_NAME) and f.is_file():
+                    shutil.copy2(f, tmp / f.name)
+            save_weights(qstate, tmp / WEIGHTS_NAME)
+            (tmp / CONFIG_NAME).write_text(json.dumps(qcfg, indent=2) + "\n")
+            try:
+                publish_dir(tmp, dst)
+            except FileExistsError:  # it appeared while we quantized
+                raise UserError(f"`out` {dst} already exists; pass a new `out` or remove "
+                                f"it") from None
+    except OSError as e:
+        raise UserError(f"writing {dst} failed: {e}") from None
+    return dst

@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from core.errors import UserError
+from core.errors import UserError, as_flags
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -62,7 +62,7 @@ def run(main) -> None:
     try:
         main()
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {as_flags(str(e))}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -42,6 +42,16 @@ def check_writable(path, what: str) -> None:
         raise UserError(f"{what} {path}: {parent} is not writable")
 
 
+def save_weights(state: dict, path: Path) -> None:
+    """Tensors to a safetensors file (inside a staging directory: atomic once published)."""
+    from safetensors.torch import save_file
+
+    save_file({k: t.contiguous() for k, t in state.items()}, str(path), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)  # safetensors creates the file 0600
+
+
 def write_atomic(path, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")

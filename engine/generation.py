@@ -78,6 +78,11 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     Prompt chunks of compressing `caches` compress token by token through one compiled step.
     """
     if model.device.type == "cuda":
+        # The caches are inputs of the graph, written in place: their buffers keep fixed
+        # addresses, so the CUDA graph reads and writes them directly instead of copying.
+        for cache in caches:
+            for buf in cache.buffers():
+                torch._dynamo.mark_static_address(buf)
         return torch.compile(fn, mode="reduce-overhead", fullgraph=True, backend=backend)
     model.block_step = torch.compile(run_block, fullgraph=True, dynamic=False, backend=backend)
     if backend not in _COMPRESS:  # keyed by the backend itself: a test's counter stays alive
@@ -192,7 +197,8 @@ class Session:
         if reach > self.max_seq_length:
             raise UserError(f"the stream would reach {reach} tokens but this session holds "
                             f"{self.max_seq_length} positions; start a new session, raise "
-                            f"max_seq_length, or use rank positions with a compressing cache")
+                            f"`max_seq_length`, or use rank positions (`positions` cache) with "
+                            f"a compressing cache")
 
     # ---- feeding tokens --------------------------------------------------------------------
     @torch.inference_mode()
@@ -275,7 +281,7 @@ class Session:
             max_new_tokens = min(max_new_tokens, self.max_seq_length - max(self.positions))
         if max_new_tokens < 1:
             raise UserError(f"the session's {self.max_seq_length} positions are all used; start a "
-                            f"new session or raise max_seq_length")
+                            f"new session or raise `max_seq_length`")
         dev = self.device
         eos = torch.tensor(sorted(set(eos_ids)) or [-1], device=dev)
         pos = torch.tensor(self.positions, device=dev).view(-1, 1)
@@ -456,7 +462,7 @@ class Generator(Session):
             raise UserError("the prompt is empty after tokenization; pass a non-empty prompt")
         if n_prompt >= self.max_seq_length and not self.unbounded:
             raise UserError(f"the prompt is {n_prompt} tokens but the session holds "
-                            f"{self.max_seq_length} positions; raise max_seq_length above "
+                            f"{self.max_seq_length} positions; raise `max_seq_length` above "
                             f"{n_prompt} or shorten the prompt")
 
     def generate(self, prompt: list, max_new_tokens: int, temperature: float = 0.0,

@@ -19,11 +19,8 @@ Storage format (device independent, what model.safetensors holds):
 """
 from __future__ import annotations
 
-import json
-import shutil
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -31,8 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from core.errors import UserError
-from core.tensors import aligned, read_safetensors
+from core.tensors import aligned
 
 MODES = ("int8", "int4")
 GROUPSIZES = (32, 64, 128, 256)
@@ -382,59 +378,3 @@ def quantize_model(model: nn.Module, config: QuantConfig, pack: Optional[torch.d
     if pack is not None:
         pack_model(model, pack)
     return model
-
-
-def quantize_checkpoint(checkpoint_path, mode: str, groupsize=None, out=None) -> Path:
-    """Write a quantized copy of a float engine checkpoint (None: the default model) to `out`
-    (default DIR-int8 / DIR-int4-gG next to it), atomically; UserError on bad input."""
-    from engine.checkpoint import CONFIG_NAME, WEIGHTS_NAME, model_args, read_config
-    from engine.convert import _save_weights
-    from engine.files import publish_dir, staging_dir
-
-    if checkpoint_path is None:
-        from engine.default_model import default_checkpoint
-        checkpoint_path = default_checkpoint()
-    src = Path(checkpoint_path).expanduser().absolute()
-    cfg = read_config(src)
-    args = model_args(cfg)
-    if cfg.get("quantization") is not None:
-        raise UserError(f"{src} is already quantized ({cfg['quantization']}); quantize its float "
-                        f"checkpoint instead")
-    if mode == "int8" and groupsize is not None:
-        raise UserError("--groupsize applies to --mode int4 only (int8 has one scale per output "
-                        "channel)")
-    try:
-        config = resolve_config(QuantConfig(mode, groupsize), args)
-    except ValueError as e:
-        raise UserError(f"--groupsize: {e}") from None
-    suffix = "int8" if mode == "int8" else f"int4-g{config.groupsize}"
-    dst = Path(out).expanduser().absolute() if out else src.parent / f"{src.name}-{suffix}"
-    if dst.exists():
-        raise UserError(f"--out {dst} already exists; pass a new --out or remove it")
-    weights = src / WEIGHTS_NAME
-    if not weights.is_file():
-        raise UserError(f"{src} has no {WEIGHTS_NAME}; re-run convert_hf.py")
-    state = read_safetensors(weights)
-    try:
-        qstate = quantize_state_dict(state, args, config)
-    except KeyError as e:
-        raise UserError(f"{weights}: {e.args[0]}; re-run convert_hf.py") from None
-    del state
-
-    qcfg = dict(cfg, quantization=config.to_dict())
-    try:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        with staging_dir(dst) as tmp:
-            for f in src.iterdir():  # tokenizer files and anything else the loader reads
-                if f.name not in (CONFIG_NAME, WEIGHTS_NAME) and f.is_file():
-                    shutil.copy2(f, tmp / f.name)
-            _save_weights({k: t.contiguous() for k, t in qstate.items()}, tmp / WEIGHTS_NAME)
-            (tmp / CONFIG_NAME).write_text(json.dumps(qcfg, indent=2) + "\n")
-            try:
-                publish_dir(tmp, dst)
-            except FileExistsError:  # it appeared while we quantized
-                raise UserError(f"--out {dst} already exists; pass a new --out or remove "
-                                f"it") from None
-    except OSError as e:
-        raise UserError(f"writing {dst} failed: {e}") from None
-    return dst

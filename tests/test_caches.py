@@ -383,9 +383,9 @@ def test_lagkv_selection_matches_the_formula():
     (dict(name="streaming", kv_middle="int8"), "middle"),
     (dict(name="cam", kv_middle="int8"), "middle"),
     (dict(name="h2o", window=0), "window"),
-    (dict(name="h2o", lag=4), "no option --lag"),
+    (dict(name="h2o", lag=4), "no option `lag`"),
     (dict(name="nope"), "unknown cache policy"),
-    (dict(name="lagkv", lag=1000), "--lag"),
+    (dict(name="lagkv", lag=1000), "`lag`"),
 ])
 def test_bad_cache_configurations_are_one_line_errors(kwargs, needle):
     name = kwargs.pop("name")

@@ -28,7 +28,7 @@ def float_model(default_checkpoint):
 @pytest.fixture(scope="module")
 def quantized(default_checkpoint, tmp_path_factory):
     """The default model quantized once per mode: int8 through the CLI, int4 (g64) in process."""
-    from quantize.weights import quantize_checkpoint
+    from engine.checkpoint import quantize_checkpoint
     root = tmp_path_factory.mktemp("quantized")
     proc = run_cli("quantize.py", "--checkpoint_path", default_checkpoint, "--mode", "int8",
                    "--out", root / "int8", env={"OMP_NUM_THREADS": "1"})
@@ -255,12 +255,12 @@ def test_cli_errors(quantized, default_checkpoint, tmp_path):
 
 def test_checkpoint_errors(quantized, default_checkpoint, tmp_path):
     # The same UserError path as the CLI cases above, without a process each.
-    from quantize.weights import quantize_checkpoint
+    from engine.checkpoint import quantize_checkpoint
     with pytest.raises(UserError, match="already quantized"):
         quantize_checkpoint(quantized["int8"], "int4", None, tmp_path / "x")
     with pytest.raises(UserError, match="int4 only"):
         quantize_checkpoint(default_checkpoint, "int8", 64, tmp_path / "x")
-    with pytest.raises(UserError, match="pass a new --out or remove it"):
+    with pytest.raises(UserError, match="pass a new `out` or remove it"):
         quantize_checkpoint(default_checkpoint, "int8", None, quantized["int8"])
     (tmp_path / "broken").mkdir()
     shutil.copy(default_checkpoint / "config.json", tmp_path / "broken")
