@@ -8,14 +8,14 @@ from engine.cli import DTYPES, Parser, run
 from engine.convert import convert
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("source", help="HF checkpoint directory, hub repo id (org/name) or .gguf")
     parser.add_argument("--out", required=True, help="output checkpoint directory")
     parser.add_argument("--dtype", choices=list(DTYPES), default=None,
                         help="weight dtype (default: the source's dtype; float32 for GGUF)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     convert(args.source, args.out, dtype=args.dtype, force=args.force)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
-                        resolve_positions,
+                        check_run_fits, fit_cache_to_stream, resolve_positions, seed_int,
                         comma_list, list_caches, positive_int, resolve_device, resolve_dtype,
                         run)
 from core.errors import UserError
@@ -57,7 +57,7 @@ def build_parser() -> Parser:
     ppl.add_argument("--max_tokens", type=positive_int, default=None,
                      help="score the first N tokens of the text (N - 1 predictions)")
     add_cache_arguments(ppl)
-    ppl.add_argument("--seed", type=int, default=0, help="seeds CaM's random merges")
+    ppl.add_argument("--seed", type=seed_int, default=0, help="seeds CaM's random merges")
     add_model_arguments(ppl)
     ppl.add_argument("--curve", default=None, help="write the running log-ppl per position (JSON)")
 
@@ -68,7 +68,8 @@ def build_parser() -> Parser:
     pk.add_argument("--depths", type=comma_list(depth, "depths in [0, 1]"),
                     default=[0.1, 0.5, 0.9], help="key depths as fractions of the haystack")
     pk.add_argument("--trials", type=positive_int, default=5, help="random keys per depth")
-    pk.add_argument("--seed", type=int, default=0, help="seeds the keys and haystack offsets")
+    pk.add_argument("--seed", type=seed_int, default=0,
+                    help="seeds the keys and haystack offsets")
     pk.add_argument("--cache", default="full",
                     help="comma-separated policies (NAME or NAME+int8), e.g. full,weightedkv")
     pk.add_argument("--cache_size", type=comma_list(positive_int, "sizes"), default=[256],
@@ -107,7 +108,7 @@ def load_text(args) -> tuple[str, str]:
 def ppl_main(args) -> None:
     from tqdm import tqdm
 
-    from engine.checkpoint import load_model
+    from engine.checkpoint import load_model, model_args, read_config
     from engine.default_model import default_checkpoint
     from caches import build_caches
     from engine.evaluation import (compile_step, encode_prefix, score_step, streaming_perplexity,
@@ -131,15 +132,19 @@ def ppl_main(args) -> None:
                         f"{args.max_tokens}; lower --max_tokens or use a longer text")
     if len(ids) < 2:
         raise UserError(f"{source} has {len(ids)} token(s); perplexity needs at least 2")
-    model = load_model(ckpt, device=device, dtype=dtype)
-    context = model.args.max_position_embeddings
+    cfg = read_config(ckpt)
+    context = model_args(cfg).max_position_embeddings
     resolve_positions(args, len(ids), context)
+    fit_cache_to_stream(args, 1, len(ids))  # tokens are scored one at a time
     make_cache = cache_factory_from_args(args, seed=args.seed)
     if len(ids) > context and (args.cache == "full" or args.positions == "original"):
         raise UserError(f"{len(ids)} tokens exceed the model's context of {context}; pass "
                         f"--max_tokens {context} or less, or --positions cache with a "
                         f"compressing --cache")
-    caches = build_caches(model, 1, max(len(ids), cache_slots(args)), make_cache)
+    max_seq_length = max(len(ids), cache_slots(args))
+    check_run_fits(ckpt, cfg, dtype, device, 1, max_seq_length, make_cache)
+    model = load_model(ckpt, device=device, dtype=dtype)
+    caches = build_caches(model, 1, max_seq_length, make_cache)
     step, compile_s = score_step, 0.0
     if args.compile:
         step = compile_step(score_step, model, caches)

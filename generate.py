@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 
 from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
-                        resolve_positions,
+                        check_run_fits, fit_cache_to_stream, resolve_positions, round_up,
+                        seed_int,
                         list_caches, non_negative_float, positive_int, resolve_device,
                         resolve_dtype, run)
 from core.errors import UserError, as_flags
 
-MAX_SEQ_ROUND = 64
 
 
 def build_parser() -> Parser:
@@ -38,7 +38,7 @@ def build_parser() -> Parser:
     p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 = greedy")
     p.add_argument("--top_k", type=positive_int, default=200)
     p.add_argument("--num_samples", type=positive_int, default=1)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=seed_int, default=None)
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
     p.add_argument("--compile_prefill", action="store_true",
                    help="also compile prefill (prompts padded to power-of-two buckets)")
@@ -184,9 +184,10 @@ def main(argv=None) -> None:
     # A chat's length is unknown: auto gives a compressing cache rank positions (unbounded).
     positions = resolve_positions(
         args, None if args.interactive else len(prompt) + args.max_new_tokens, context)
+    if not args.interactive:
+        fit_cache_to_stream(args, len(prompt), len(prompt) + args.max_new_tokens)
     make_cache = cache_factory_from_args(args, seed=args.seed or 0)
     max_seq_length = args.max_seq_length
-    round_up = lambda n: -(-n // MAX_SEQ_ROUND) * MAX_SEQ_ROUND  # noqa: E731
     if args.interactive and not (args.cache != "full" and positions == "cache"):
         max_seq_length = max_seq_length or context
         if max_seq_length > context:
@@ -194,7 +195,12 @@ def main(argv=None) -> None:
                             f"{context} tokens; use at most {context}")
     elif args.cache != "full" and positions == "cache":
         # Keys rotate by their rank in the cache: positions never outgrow it, so the stream is
-        # unbounded and the RoPE table only has to cover the cache.
+        # unbounded and the RoPE table only has to cover the cache, inside the model's context.
+        staging = cache_slots(args) - args.cache_size
+        if cache_slots(args) > context:
+            raise UserError(f"--cache_size {args.cache_size} (+ {staging} staging slots) exceeds "
+                            f"the model's context of {context}: rank positions must stay inside "
+                            f"it; use --cache_size {context - staging} or less")
         max_seq_length = max_seq_length or min(round_up(cache_slots(args)), context)
     else:
         if max_seq_length is None:
@@ -211,6 +217,7 @@ def main(argv=None) -> None:
             print(f"note: positions stop at {max_seq_length}: generating at most "
                   f"{max_seq_length - len(prompt)} new tokens", file=sys.stderr)
 
+    check_run_fits(ckpt, cfg, dtype, device, 1, max_seq_length, make_cache)
     if args.seed is not None:
         torch.manual_seed(args.seed)
     t = time.perf_counter()

@@ -10,7 +10,7 @@ convert_hf.py permutes Meta-interleaved checkpoints (GGUF, consolidated.pth) int
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -19,29 +19,49 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+def _positive(**kw):
+    return field(metadata={"min": 1}, **kw)
+
+
 @dataclass
 class ModelArgs:
-    vocab_size: int
-    n_layer: int
-    dim: int
-    n_head: int
-    n_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    norm_eps: float = 1e-5
-    rope_base: float = 10000.0
+    """The model's shape, read from the checkpoint's config.json. Each field's type and range is
+    its schema (`from_dict` checks a config against them)."""
+    vocab_size: int = _positive()
+    n_layer: int = _positive()
+    dim: int = _positive()
+    n_head: int = _positive()
+    n_kv_heads: int = _positive()
+    head_dim: int = _positive()
+    intermediate_size: int = _positive()
+    norm_eps: float = field(default=1e-5, metadata={"above": 0, "max": 1})
+    rope_base: float = field(default=10000.0, metadata={"above": 0})
     # Llama-3.1 style frequency scaling: {"factor", "low_freq_factor", "high_freq_factor",
     # "original_max_position_embeddings"}; None for plain RoPE.
     rope_scaling: Optional[dict] = None
     tie_embeddings: bool = False
     attention_bias: bool = False
-    max_position_embeddings: int = 2048
+    max_position_embeddings: int = _positive(default=2048)
+
+    ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings")
 
     def __post_init__(self):
-        for name in ("vocab_size", "n_layer", "dim", "n_head", "n_kv_heads", "head_dim",
-                     "intermediate_size", "max_position_embeddings"):
-            if int(getattr(self, name)) <= 0:
-                raise ValueError(f"model config: {name} must be positive, got {getattr(self, name)}")
+        for f in fields(self):
+            _check_field(f, getattr(self, f.name))
+        if self.rope_scaling is not None:
+            if not isinstance(self.rope_scaling, dict) or \
+                    sorted(self.rope_scaling) != sorted(self.ROPE_SCALING_KEYS):
+                raise ValueError(f"model config: rope_scaling must be null or an object with "
+                                 f"{', '.join(self.ROPE_SCALING_KEYS)}, got {self.rope_scaling!r}")
+            for key, value in self.rope_scaling.items():
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                        not math.isfinite(value) or value <= 0:
+                    raise ValueError(f"model config: rope_scaling.{key} must be a positive "
+                                     f"number, got {value!r}")
+            if self.rope_scaling["high_freq_factor"] <= self.rope_scaling["low_freq_factor"]:
+                raise ValueError("model config: rope_scaling.high_freq_factor must exceed "
+                                 "low_freq_factor")
         if self.n_head % self.n_kv_heads:
             raise ValueError(f"model config: n_head={self.n_head} is not a multiple of "
                              f"n_kv_heads={self.n_kv_heads}")
@@ -50,14 +70,44 @@ class ModelArgs:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelArgs":
+        if not isinstance(d, dict):
+            raise ValueError(f"model config must be an object, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"model config: unknown fields {unknown}")
+        missing = sorted(f.name for f in fields(cls) if f.name not in d
+                         and f.default is MISSING and f.default_factory is MISSING)
+        if missing:
+            raise ValueError(f"model config: missing fields {missing}")
         return cls(**d)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _check_field(f, value) -> None:
+    """Type and range of one ModelArgs field (its annotation and metadata are the schema)."""
+    kind = str(f.type)
+    if kind == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    elif kind == "bool":
+        ok = isinstance(value, bool)
+    else:
+        return  # rope_scaling: checked as a whole
+    if not ok:
+        raise ValueError(f"model config: {f.name} must be {'an' if kind == 'int' else 'a'} "
+                         f"{ {'int': 'integer', 'float': 'finite number', 'bool': 'boolean'}[kind]}"
+                         f", got {value!r}")
+    m = f.metadata
+    if ("min" in m and value < m["min"]) or ("above" in m and not value > m["above"]) or \
+            ("max" in m and value > m["max"]):
+        bounds = [f">= {m['min']}" if "min" in m else None, f"> {m['above']}" if "above" in m
+                  else None, f"<= {m['max']}" if "max" in m else None]
+        raise ValueError(f"model config: {f.name} must be {' and '.join(b for b in bounds if b)}"
+                         f", got {value!r}")
 
 
 class RMSNorm(nn.Module):

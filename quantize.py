@@ -10,7 +10,7 @@ model.safetensors and the source's tokenizer files; it appears whole or not at a
 from engine.cli import Parser, run
 
 
-def main() -> None:
+def main(argv=None) -> None:
     from engine.checkpoint import quantize_checkpoint
     from engine.default_model import default_checkpoint
     from quantize.weights import GROUPSIZES, MODES
@@ -23,7 +23,7 @@ def main() -> None:
                    help="int4 only: input columns per scale/zero (default: 32, the most accurate)")
     p.add_argument("--out", default=None,
                    help="output directory (default: DIR-int8 or DIR-int4-gG next to DIR)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     out = quantize_checkpoint(args.checkpoint_path or default_checkpoint(), args.mode,
                               args.groupsize, args.out)
     print(f"wrote {out}")

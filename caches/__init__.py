@@ -19,6 +19,7 @@ from caches.streaming import StreamingCache
 from caches.tova import TOVACache
 from caches.weightedkv import WeightedKVCache, WeightedKVEvictCache
 from core.errors import UserError
+from core.memory import check_fits
 
 POLICIES = {
     "full": FullCache,
@@ -128,11 +129,28 @@ class CacheFactory:
         return make_cache_factory(spec.pop("policy"), **spec)
 
 
+def cache_nbytes(args, batch_size: int, max_seq_length: int, dtype: torch.dtype,
+                 make_cache=None) -> int:
+    """Bytes build_caches would allocate (every layer's buffers and the RoPE table), counted by
+    building the caches on the meta device: no memory is taken, whatever the sizes."""
+    make_cache = make_cache or make_cache_factory("full")
+    with torch.device("meta"):
+        rope = torch.empty(max_seq_length, args.head_dim // 2, 2)
+        caches = [make_cache(batch_size, args.n_kv_heads, args.head_dim, max_seq_length, dtype,
+                             rope, layer_id=i) for i in range(args.n_layer)]
+    return sum(c.nbytes for c in caches) + rope.numel() * rope.element_size()
+
+
 def build_caches(model, batch_size: int, max_seq_length: int, make_cache=None) -> nn.ModuleList:
     """One cache per layer of `model`, on its device and in its dtype, for batch_size streams of
-    up to max_seq_length positions (the RoPE table's length). Allocated once, here."""
+    up to max_seq_length positions (the RoPE table's length). Allocated once, here, after
+    checking that they fit (core/memory.py)."""
     make_cache = make_cache or make_cache_factory("full")
     args = model.args
+    policy = getattr(make_cache, "spec", {}).get("policy", "cache")
+    check_fits(cache_nbytes(args, batch_size, max_seq_length, model.dtype, make_cache),
+               f"the KV cache ({policy}, {batch_size} row(s), {max_seq_length} positions)",
+               model.device, "lower `cache_size`, `max_seq_length` or the batch size")
     rope = model.rope(max_seq_length)
     with torch.device(model.device):
         return nn.ModuleList(make_cache(batch_size, args.n_kv_heads, args.head_dim,
@@ -141,4 +159,4 @@ def build_caches(model, batch_size: int, max_seq_length: int, make_cache=None) -
 
 
 __all__ = ["KVCache", "RegionCache", "FullCache", "POLICIES", "make_cache_factory", "describe",
-           "policy_options", "region_sizes", "build_caches", "CacheFactory"]
+           "policy_options", "region_sizes", "build_caches", "cache_nbytes", "CacheFactory"]

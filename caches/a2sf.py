@@ -1,6 +1,7 @@
 from torch import Tensor
 
 from caches.region import RegionCache
+from core.errors import UserError
 
 
 class A2SFCache(RegionCache):
@@ -13,6 +14,13 @@ class A2SFCache(RegionCache):
     wants_probs = True
     options = {"forgetting_factor": 0.2}
     description = "evict the lowest attention score accumulated with a forgetting factor"
+
+    @classmethod
+    def check_options(cls, window: int, forgetting_factor: float = 0.2) -> None:
+        # Above 1, old attention would grow instead of fading; 1 is H2O.
+        if not 0 <= forgetting_factor <= 1:
+            raise UserError(f"`forgetting_factor` must be in [0, 1] (older attention fades by "
+                            f"it each step), got {forgetting_factor}")
 
     def __init__(self, *args, forgetting_factor: float = 0.2, **kw):
         super().__init__(*args, **kw)

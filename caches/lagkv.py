@@ -24,11 +24,11 @@ class LagKVCache(RegionCache):
 
     @classmethod
     def check_options(cls, window: int, lag=None, lag_keep_ratio: float = 0.5) -> None:
-        lag = lag or window // 2
+        lag = window // 2 if lag is None else lag
         if not 1 <= lag <= window // 2:
             raise UserError(f"`lag` must be between 1 and window // 2 = {window // 2} (two lag "
                             f"partitions must fit the window), got {lag}")
-        if not 0 < lag_keep_ratio <= 1:
+        if not 0 < lag_keep_ratio <= 1:  # NaN fails too
             raise UserError(f"`lag_keep_ratio` must be in (0, 1], got {lag_keep_ratio}")
 
     def __init__(self, *args, lag=None, lag_keep_ratio: float = 0.5, **kw):

@@ -41,9 +41,9 @@ def read_config(checkpoint_dir) -> dict:
                         f"`python convert_hf.py SOURCE --out {path}`")
     try:
         cfg = json.loads(cfg_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"cannot read {cfg_path}: {e}") from None
-    if cfg.get("format") != FORMAT:
+    if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
         raise UserError(f"{cfg_path} is not an engine config (a Hugging Face directory?); convert "
                         f"it first with `python convert_hf.py {path} --out NEW_DIR`")
     arch = cfg.get("architecture")
@@ -54,10 +54,14 @@ def read_config(checkpoint_dir) -> dict:
 
 
 def model_args(cfg: dict) -> ModelArgs:
+    """The config's model section checked against ModelArgs' schema (types and ranges)."""
     try:
         return ModelArgs.from_dict(cfg["model"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise UserError(f"invalid model section in {CONFIG_NAME}: {e}") from None
+    except KeyError:
+        raise UserError(f"{CONFIG_NAME} has no model section; re-run convert_hf.py") from None
+    except (TypeError, ValueError) as e:
+        raise UserError(f"invalid model section in {CONFIG_NAME}: {e}; re-run convert_hf.py or "
+                        f"fix the file") from None
 
 
 def quant_config(cfg: dict):
@@ -103,7 +107,10 @@ def load_model(checkpoint_dir, device="cpu", dtype=torch.float32, pack: bool = T
                         f"unexpected {unexpected[:3]}); re-run convert_hf.py")
     quantized = {k for k in expected if _in_quantized(model, k)}
     for k, t in expected.items():
-        if tuple(state[k].shape) != tuple(t.shape) or (k in quantized and state[k].dtype != t.dtype):
+        # codes keep their integer dtype; every other tensor must be floating point
+        wrong_dtype = state[k].dtype != t.dtype if k in quantized else \
+            not state[k].is_floating_point()
+        if tuple(state[k].shape) != tuple(t.shape) or wrong_dtype:
             raise UserError(f"{weights}: {k} is {str(state[k].dtype)[6:]} {tuple(state[k].shape)}, "
                             f"config.json implies {str(t.dtype)[6:]} {tuple(t.shape)}")
     # Float tensors take the activation dtype; a quantized module's tensors (codes, float32

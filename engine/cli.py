@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import torch
@@ -28,11 +29,29 @@ def positive_int(text: str) -> int:
     return value
 
 
-def non_negative_float(text: str) -> float:
+def seed_int(text: str) -> int:
+    """A random seed: an integer torch.manual_seed takes (0 <= seed < 2**64)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 2**64 - 1, got {value}")
+    return value
+
+
+def finite_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = finite_float(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
@@ -92,13 +111,63 @@ def add_cache_arguments(p) -> None:
     p.add_argument("--prefill_chunk", type=positive_int, default=None,
                    help="prompt chunk size of compressing policies (default 32)")
     # Policy options: None = not given, so a policy that has no such option can refuse it.
-    p.add_argument("--forgetting_factor", type=float, default=None, help="a2sf (default 0.2)")
+    p.add_argument("--forgetting_factor", type=finite_float, default=None,
+                   help="a2sf, in [0, 1] (default 0.2)")
     p.add_argument("--merge_span", type=int, default=None, help="cam (default 16)")
     p.add_argument("--lag", type=int, default=None, help="lagkv partition (default window // 2)")
-    p.add_argument("--lag_keep_ratio", type=float, default=None, help="lagkv (default 0.5)")
+    p.add_argument("--lag_keep_ratio", type=finite_float, default=None, help="lagkv (default 0.5)")
 
 
 POLICY_OPTIONS = ("forgetting_factor", "merge_span", "lag", "lag_keep_ratio")
+
+
+def round_up(n: int, multiple: int = 64) -> int:
+    return -(-n // multiple) * multiple
+
+
+def fit_cache_to_stream(args, prompt_tokens: int, stream_tokens: int) -> None:
+    """Size a compressing cache to what a run of stream_tokens can hold, so the bytes reported
+    are the bytes needed: each region (sink, window, middle) shrinks to what the stream (rounded
+    up to 64) can put in it, which changes no result: a region that large never overflows. A
+    prefill chunk longer than the prompt becomes 1 (the prompt went token by token either
+    way)."""
+    from caches import region_sizes
+    if args.cache == "full":
+        return
+    limit = round_up(stream_tokens)
+    regions = list(region_sizes(args.cache, args.cache_size, args.sink, args.window))
+    sink, window, middle = regions
+    # A window of limit - sink tokens never overflows; at most limit - sink - window tokens
+    # ever leave the window for the middle.
+    sink = min(sink, limit)
+    window = min(window, max(1, limit - sink))
+    fitted = [sink, window, min(middle, max(1, limit - sink - window)) if middle else 0]
+    if fitted != regions:
+        print(f"note: --cache_size {args.cache_size} is more than this run of {stream_tokens} "
+              f"tokens can use; the cache holds {sum(fitted)} (sink {fitted[0]}, window "
+              f"{fitted[1]}, middle {fitted[2]})", file=sys.stderr)
+        args.cache_size, args.sink, args.window = sum(fitted), fitted[0], fitted[1]
+    if args.prefill_chunk is not None and args.prefill_chunk > prompt_tokens:
+        print(f"note: --prefill_chunk {args.prefill_chunk} is longer than the prompt "
+              f"({prompt_tokens} tokens), which goes token by token; 1 staging slot is enough",
+              file=sys.stderr)
+        args.prefill_chunk = 1
+
+
+def check_run_fits(ckpt, cfg: dict, dtype, device, batch_size: int, max_seq_length: int,
+                   make_cache) -> None:
+    """Before loading anything: the weights (their file) and the caches must fit, with the
+    margin of core/memory.py."""
+    from pathlib import Path
+
+    from caches import cache_nbytes
+    from core.memory import check_fits
+    from engine.checkpoint import WEIGHTS_NAME, model_args
+    weights = Path(ckpt) / WEIGHTS_NAME
+    size = weights.stat().st_size if weights.is_file() else 0
+    caches = cache_nbytes(model_args(cfg), batch_size, max_seq_length, dtype, make_cache)
+    check_fits(size + caches, "the model and its KV cache", device,
+               "lower --cache_size, --max_seq_length or --max_new_tokens")
 
 
 def cache_slots(args) -> int:

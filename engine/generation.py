@@ -384,16 +384,21 @@ class Session:
         if meta["dtype"] != dtype:
             raise UserError(f"{where} holds {meta['dtype']} caches, the model runs {dtype}; load "
                             f"the model in {meta['dtype']}")
-        spec = json.loads(meta["cache"])
+        try:
+            spec = json.loads(meta["cache"])
+            saved_len, batch = int(meta["max_seq_length"]), int(meta["batch_size"])
+            factory = CacheFactory.from_spec(spec)
+        except (ValueError, TypeError, KeyError, AttributeError, UserError):
+            raise UserError(f"{where} is damaged: its cache settings cannot be read") from None
         if make_cache is not None and make_cache.spec != spec:
             raise UserError(f"{where} was saved with cache {describe_spec(spec)}, not "
                             f"{describe_spec(make_cache.spec)}; load it with its own settings")
-        saved_len = int(meta["max_seq_length"])
         if max_seq_length is not None and max_seq_length != saved_len:
             raise UserError(f"{where} holds {saved_len} positions, not {max_seq_length}")
-        session = cls(model, CacheFactory.from_spec(spec), saved_len, int(meta["batch_size"]),
-                      **kwargs)
+        if not 1 <= batch <= 4096 or not 1 <= saved_len <= 2**24:
+            raise UserError(f"{where} is damaged: batch {batch}, {saved_len} positions")
         state = read_safetensors(path)
+        session = cls(model, factory, saved_len, batch, **kwargs)
         for i, c in enumerate(session.caches):
             for name, buf in c.state().items():
                 t = state.get(f"layers.{i}.{name}")
@@ -401,14 +406,25 @@ class Session:
                     raise UserError(f"{where} is damaged: layer {i} {name} is missing or of "
                                     f"another shape")
                 buf.copy_(t)
-        lengths = state["session.lengths"].tolist()
-        flat = state["session.tokens"].tolist()
-        session.tokens = [flat[sum(lengths[:b]):sum(lengths[:b + 1])] for b in range(len(lengths))]
+        V = model.args.vocab_size
+        lengths, flat = state.get("session.lengths"), state.get("session.tokens")
+        pending, logits = state.get("session.pending"), state.get("session.logits")
+        ok = (lengths is not None and flat is not None and lengths.shape == (batch,)
+              and bool((lengths >= 0).all()) and int(lengths.sum()) <= flat.numel()
+              and bool(((flat >= 0) & (flat < V)).all())
+              and (pending is None or (pending.shape == (batch, 1)
+                                       and bool(((pending >= 0) & (pending < V)).all())))
+              and (logits is None or logits.shape == (batch, V)))
+        if not ok:
+            raise UserError(f"{where} is damaged: its token history does not fit the model")
+        lengths, flat = lengths.tolist(), flat.tolist()
+        starts = [sum(lengths[:b]) for b in range(batch)]
+        session.tokens = [flat[a:a + n] for a, n in zip(starts, lengths)]
         dev = session.device
-        if "session.pending" in state:
-            session.pending = state["session.pending"].to(dev)
-        if "session.logits" in state:
-            session.logits = state["session.logits"].to(dev)
+        if pending is not None:
+            session.pending = pending.to(dev)
+        if logits is not None:
+            session.logits = logits.to(dev)
         return session
 
 
