@@ -188,6 +188,25 @@ def test_quantize_cli_writes_whole_checkpoints_or_nothing(tiny_ckpt, tmp_path_fa
         assert load_model(out).args.n_layer == 2  # whole and loadable
 
 
+def with_file(ckpt, d, name: str, data: bytes):
+    """A copy of checkpoint `ckpt` in `d` (links) whose file `name` holds `data`."""
+    for f in ckpt.iterdir():
+        if f.name != name:
+            os.symlink(f, d / f.name)
+    (d / name).write_bytes(data)
+    return d
+
+
+def loads_or_one_error(d) -> None:
+    from engine.checkpoint import load_model
+    from engine.tokenizer import load_tokenizer
+    for load in (load_model, load_tokenizer):
+        try:
+            load(d)
+        except UserError as e:
+            assert "\n" not in str(e)
+
+
 def json_values():
     return st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40),
                                   st.floats(allow_nan=False), st.text(max_size=6)),
@@ -205,22 +224,12 @@ def json_values():
        top_value=json_values())
 def test_config_loader(tiny_ckpt, tmp_path_factory, changes, top, top_value):
     # Any JSON in config.json: the model loads (the values happen to be valid) or one UserError.
-    from engine.checkpoint import load_model
-    from engine.tokenizer import load_tokenizer
-    d = tmp_path_factory.mktemp("cfg")
-    for f in tiny_ckpt.iterdir():
-        if f.name != "config.json":
-            os.symlink(f, d / f.name)
     cfg = json.loads((tiny_ckpt / "config.json").read_text())
     cfg["model"].update(changes)
     if top is not None:
         cfg[top] = top_value
-    (d / "config.json").write_text(json.dumps(cfg))
-    for load in (load_model, load_tokenizer):
-        try:
-            load(d)
-        except UserError as e:
-            assert "\n" not in str(e)
+    loads_or_one_error(with_file(tiny_ckpt, tmp_path_factory.mktemp("cfg"), "config.json",
+                                 json.dumps(cfg).encode()))
 
 
 @FUZZ
@@ -229,22 +238,11 @@ def test_config_loader(tiny_ckpt, tmp_path_factory, changes, top, top_value):
        which=st.sampled_from(["model.safetensors", "config.json", "tokenizer.json"]))
 def test_damaged_files(tiny_ckpt, tmp_path_factory, cut, flips, which):
     # Truncated or corrupted bytes in any checkpoint file: a load or one UserError.
-    from engine.checkpoint import load_model
-    from engine.tokenizer import load_tokenizer
-    d = tmp_path_factory.mktemp("bytes")
-    for f in tiny_ckpt.iterdir():
-        if f.name != which:
-            os.symlink(f, d / f.name)
     data = bytearray((tiny_ckpt / which).read_bytes()[:int(cut * (tiny_ckpt / which).stat().st_size)])
     for where, byte in flips:
         if data:
             data[int(where * (len(data) - 1))] = byte
-    (d / which).write_bytes(bytes(data))
-    for load in (load_model, load_tokenizer):
-        try:
-            load(d)
-        except UserError as e:
-            assert "\n" not in str(e)
+    loads_or_one_error(with_file(tiny_ckpt, tmp_path_factory.mktemp("bytes"), which, bytes(data)))
 
 
 @FUZZ
