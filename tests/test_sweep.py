@@ -137,7 +137,7 @@ def test_sweep_config_errors(tmp_path, tiny_checkpoint, corpora):
     fails("unknown policy 'nosuch'", policies=["full", "nosuch"])
     fails("unknown key(s) max_token", max_token=5)
     fails("no option `merge_span`", policies=[{"cache": "h2o", "merge_span": 3}])
-    fails("--kv_middle int8", policies=["cam+int8"])
+    fails("`kv_middle` int8", policies=["cam+int8"])
     fails("cache_sizes must be", cache_sizes=[256, "big"])
     fails("unknown corpus 'missing'", corpora=["gen1", "missing"])
     fails("fewer than max_tokens", max_tokens=100000)
