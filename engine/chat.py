@@ -47,7 +47,11 @@ class Chat:
             raise UserError("this chat template rewrites earlier turns when one is added, so a "
                             "turn cannot be appended to the session; start over with /reset")
         ids = self.tokenizer.encode(self.carry + target[len(self.rendered):], bos=False)
-        self.session.append(ids)
+        try:
+            self.session.append(ids)
+        except UserError:  # nothing was read (e.g. the context is full): the turn never happened
+            self.messages.pop()
+            raise
         eos = set(self.tokenizer.eos_ids)
         g = self.session.generate(max_new_tokens, temperature, top_k, eos_ids=eos,
                                   callback=callback)

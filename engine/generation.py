@@ -212,10 +212,10 @@ class Session:
         if any(len(r) == 0 for r in rows):
             raise UserError("nothing to append: the text is empty after tokenization")
         rows = [list(map(int, r)) for r in rows]
+        self._room(max(len(r) for r in rows))  # (positions count the pending token already)
         if self.pending is not None:  # the last generated token enters the cache first
             rows = [[p] + r for p, r in zip(self.pending.view(-1).tolist(), rows)]
             self.pending = None
-        self._room(max(len(r) for r in rows))
         t0 = time.perf_counter()
         if len({len(r) for r in rows}) == 1:
             self.logits = self._prefill(list(range(self.batch_size)), rows)

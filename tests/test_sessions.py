@@ -310,3 +310,17 @@ def test_memory_is_flat_over_a_long_stream(mode):
     assert proc.returncode == 0, proc.stderr[-2000:]
     after_n, after_4n = map(float, proc.stdout.split())
     assert after_4n - after_n < 8, (after_n, after_4n)  # MiB, over 1,200 more tokens
+
+
+def test_a_refused_append_changes_nothing():
+    model = tiny_model()
+    s = Session(model, factory("full"), max_seq_length=32)
+    s.append(list(range(1, 11)))
+    s.generate(5)
+    before = (list(s.tokens[0]), s.pending.clone(), s.positions)
+    with pytest.raises(UserError, match="32 positions"):
+        s.append(list(range(30)))
+    assert (s.tokens[0], s.positions) == (before[0], before[2])
+    assert torch.equal(s.pending, before[1])
+    s.append([7, 7])  # and the stream goes on from where it was
+    assert s.tokens[0] == before[0] + [before[1].item(), 7, 7]
