@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
-                        check_run_fits, fit_cache_to_stream, resolve_positions, seed_int,
-                        comma_list, list_caches, positive_int, resolve_device, resolve_dtype,
-                        run)
 from core.errors import UserError
+from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
+                        check_run_fits, comma_list, fit_cache_to_stream, list_caches,
+                        positive_int, resolve_device, resolve_dtype, resolve_positions, run,
+                        seed_int)
 from engine.files import check_writable, write_atomic
 
 

@@ -14,13 +14,11 @@ from pathlib import Path
 
 import torch
 
-from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
-                        check_run_fits, fit_cache_to_stream, resolve_positions, round_up,
-                        seed_int,
-                        list_caches, non_negative_float, positive_int, resolve_device,
-                        resolve_dtype, run)
 from core.errors import UserError, as_flags
-
+from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
+                        check_run_fits, fit_cache_to_stream, list_caches, non_negative_float,
+                        positive_int, resolve_device, resolve_dtype, resolve_positions, round_up,
+                        run, seed_int)
 
 
 def build_parser() -> Parser:

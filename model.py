@@ -86,28 +86,30 @@ class ModelArgs:
         return asdict(self)
 
 
+# The schema's vocabulary: what each annotation accepts, and the bounds metadata may set.
+_KINDS = {
+    "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "float": ("a finite number", lambda v: isinstance(v, (int, float))
+              and not isinstance(v, bool) and math.isfinite(v)),
+    "bool": ("a boolean", lambda v: isinstance(v, bool)),
+}
+_BOUNDS = {"min": (">=", lambda v, b: v >= b), "above": (">", lambda v, b: v > b),
+           "max": ("<=", lambda v, b: v <= b)}
+
+
 def _check_field(f, value) -> None:
     """Type and range of one ModelArgs field (its annotation and metadata are the schema)."""
-    kind = str(f.type)
-    if kind == "int":
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif kind == "float":
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    elif kind == "bool":
-        ok = isinstance(value, bool)
-    else:
+    kind = _KINDS.get(str(f.type))
+    if kind is None:
         return  # rope_scaling: checked as a whole
-    if not ok:
-        raise ValueError(f"model config: {f.name} must be {'an' if kind == 'int' else 'a'} "
-                         f"{ {'int': 'integer', 'float': 'finite number', 'bool': 'boolean'}[kind]}"
-                         f", got {value!r}")
-    m = f.metadata
-    if ("min" in m and value < m["min"]) or ("above" in m and not value > m["above"]) or \
-            ("max" in m and value > m["max"]):
-        bounds = [f">= {m['min']}" if "min" in m else None, f"> {m['above']}" if "above" in m
-                  else None, f"<= {m['max']}" if "max" in m else None]
-        raise ValueError(f"model config: {f.name} must be {' and '.join(b for b in bounds if b)}"
-                         f", got {value!r}")
+    what, accepts = kind
+    if not accepts(value):
+        raise ValueError(f"model config: {f.name} must be {what}, got {value!r}")
+    bounds = [(text, bound, holds) for key, (text, holds) in _BOUNDS.items()
+              if (bound := f.metadata.get(key)) is not None]
+    if not all(holds(value, bound) for _, bound, holds in bounds):
+        limits = " and ".join(f"{text} {bound}" for text, bound, _ in bounds)
+        raise ValueError(f"model config: {f.name} must be {limits}, got {value!r}")
 
 
 class RMSNorm(nn.Module):

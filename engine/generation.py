@@ -237,12 +237,12 @@ class Session:
         B, T = tokens.shape
         chunk = self.prefill_chunk
         if chunk is None:
-            T_in = T
-            if self.compiled_prefill:
-                T_in = prefill_bucket(T, self.max_seq_length - int(start.max()))
+            # append checked the room: the bucket never falls below T
+            T_in = prefill_bucket(T, self.max_seq_length - int(start.max())) \
+                if self.compiled_prefill else T
             # Padding sits at positions after the prompt: masked from every real query, and
             # overwritten by the steps that reach those positions.
-            padded = torch.zeros(B, max(T_in, T), dtype=torch.long, device=dev)
+            padded = torch.zeros(B, T_in, dtype=torch.long, device=dev)
             padded[:, :T] = tokens
             span = start + torch.arange(padded.shape[1], device=dev)
             return self.prefill_fn(self.model, caches, padded, span,
