@@ -1,0 +1,435 @@
+"""Continuous batching: one decode loop steps every active stream together, over caches of any
+policy, in constant memory.
+
+The Batcher owns `slots` batch rows of caches and a thread that repeats:
+
+    admit    waiting requests take rows; a prompt that extends a row's kept history (a chat's
+             next turn) reads only the new suffix
+    prefill  a newly admitted row reads its prompt alone (a batch-1 view of the caches) in
+             chunks: compressing caches `chunk` tokens at a time, the full cache pieces of up
+             to `prefill_tokens`; it joins the decode batch at the next step
+    decode   one step of the fixed [slots, 1] batch: each busy row reads one token (its last
+             sampled one, or the last tokens of its prompt, token by token as Session.append
+             reads a remainder); free rows are masked rows (a dummy token at position 0 after
+             a reset, output ignored), never a smaller shape
+    sample   each row with its own parameters and generator; emit; finish rows at an EOS,
+             max_tokens, the cache's positions, or a cancel
+
+A row reads a prompt exactly as Session.append does (whole chunks, then token by token), so a
+stream's tokens equal the same prompt run alone. A finished row keeps its history ("held")
+until a step would touch it; then its state is copied into a preallocated pool of parked rows
+(least recently used replaced), so conversations survive other traffic with no allocation.
+
+Requests come from any thread (`submit`, `cancel`); rows and caches belong to the loop thread.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from caches import CacheFactory, build_caches, make_cache_factory
+from core.errors import UserError
+from engine.generation import compile_decode, prefill, row_view
+
+DEFAULT_PREFILL_TOKENS = 512
+
+
+class QueueFull(Exception):
+    """Every slot is busy and the waiting queue is full."""
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0   # 0: greedy
+    top_p: float = 1.0
+    top_k: Optional[int] = None
+    seed: Optional[int] = None
+
+
+def sample_row(logits: Tensor, p: SamplingParams, generator: torch.Generator) -> int:
+    """One token from logits [V] under temperature, top-k and nucleus (top-p) truncation."""
+    if p.temperature <= 0:
+        return int(logits.argmax())
+    logits = logits.float() / p.temperature
+    if p.top_k is not None and p.top_k < logits.numel():
+        pivot = torch.topk(logits, p.top_k).values[-1]
+        logits = logits.masked_fill(logits < pivot, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if p.top_p < 1.0:
+        # keep the most likely tokens until their mass reaches top_p (at least one)
+        sorted_p, order = probs.sort(descending=True)
+        sorted_p[(sorted_p.cumsum(0) - sorted_p) >= p.top_p] = 0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class Request:
+    """One stream. Events go to `listener(kind, value)` (called on the loop thread) or, without
+    one, to a queue that iterating the request reads:
+
+        ("token", id)      a new token
+        ("done", reason)   "stop" (an EOS), "length", "cancelled" or "error"
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, prompt: list, params: SamplingParams, eos_ids=(),
+                 listener: Optional[Callable[[str, object], None]] = None, device="cpu"):
+        self.id = next(Request._ids)
+        self.prompt = [int(t) for t in prompt]
+        self.params = params
+        self.eos = set(eos_ids)
+        self.generator = torch.Generator(device=device)
+        if params.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(params.seed)
+        self.tokens: list = []         # generated so far
+        self.cached_tokens = 0         # prompt tokens found in a kept history (not read again)
+        self.finish_reason: Optional[str] = None
+        self.error: Optional[str] = None
+        self.cancelled = False
+        self.submitted = time.perf_counter()
+        self._listener = listener
+        self._events: Optional[queue.Queue] = queue.Queue() if listener is None else None
+
+    def emit(self, kind: str, value) -> None:
+        if kind == "done":
+            self.finish_reason = value
+        if self._listener is not None:
+            try:
+                self._listener(kind, value)
+            except RuntimeError:  # the listener's event loop closed (server shutting down)
+                pass
+        else:
+            self._events.put((kind, value))
+
+    def __iter__(self):
+        """The new token ids as they come (blocking); ends when the request finishes."""
+        while True:
+            kind, value = self._events.get()
+            if kind == "token":
+                yield value
+            else:
+                if value == "error":
+                    raise RuntimeError(self.error)
+                return
+
+    def result(self) -> list:
+        """Wait for the end; the generated token ids."""
+        for _ in self:
+            pass
+        return self.tokens
+
+
+class _Row:
+    """A batch row (or a parked row): batch-1 views of its caches and the tokens they hold."""
+
+    def __init__(self, index: int, caches: list):
+        self.index, self.caches = index, caches
+        self.read: list = []          # tokens the caches have read, in order
+        self.todo: list = []          # prompt tokens still to read
+        self.next: Optional[int] = None   # sampled, read at the next step
+        self.request: Optional[Request] = None
+        self.dirty = False            # written by masked steps: reset before use
+        self.used = 0.0               # when its history was last used (LRU)
+
+    @property
+    def held(self) -> bool:
+        return self.request is None and bool(self.read)
+
+
+def decode_logits(model, caches, token: Tensor, input_pos: Tensor) -> Tensor:
+    """token [B, 1] at input_pos [B, 1] -> logits [B, V] (sampling is per row, outside)."""
+    return model(token, input_pos, caches)[:, -1]
+
+
+def row_state(view) -> dict:
+    return {name: t for name, t in view.state().items() if name != "rng_key"}
+
+
+def copy_row(src: list, dst: list) -> None:
+    for a, b in zip(src, dst):
+        for (name, t), u in zip(row_state(a).items(), row_state(b).values()):
+            u.copy_(t)
+
+
+class Batcher:
+    def __init__(self, model, make_cache: Optional[CacheFactory] = None, slots: int = 4,
+                 max_seq_length: Optional[int] = None, max_queue: int = 16,
+                 parked: Optional[int] = None, prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
+                 compile_backend=None):
+        """
+        Args:
+            slots: streams decoded together (the batch of the one decode graph).
+            max_queue: requests that may wait for a slot; beyond it `submit` raises QueueFull.
+            parked: kept histories beyond the slots (preallocated rows; default: slots).
+            prefill_tokens: the full cache reads a prompt in pieces of this many tokens
+                (compressing caches: their chunk), which bounds attention's scratch memory.
+            compile_backend: torch.compile the decode step with this backend (None: eager).
+        """
+        self.model = model
+        self.device = model.device
+        self.make_cache = make_cache or make_cache_factory("full")
+        self.slots, self.max_queue = slots, max_queue
+        self.max_seq_length = max_seq_length or model.args.max_position_embeddings
+        self.caches = build_caches(model, slots, self.max_seq_length, self.make_cache)
+        self.unbounded = all(c.unbounded for c in self.caches)
+        self.chunk = self.caches[0].prefill_chunk  # None: the full cache, any piece length
+        self.prefill_tokens = prefill_tokens
+        self.step = decode_logits
+        model.block_step = None
+        if compile_backend is not None:
+            self.step = compile_decode(decode_logits, model, compile_backend, self.caches)
+        self.rows = [_Row(b, [row_view(c, b) for c in self.caches]) for b in range(slots)]
+        n_parked = slots if parked is None else parked
+        self.pool_caches = build_caches(model, n_parked, self.max_seq_length, self.make_cache) \
+            if n_parked else []
+        self.pool = [_Row(j, [row_view(c, j) for c in self.pool_caches]) for j in range(n_parked)]
+        self.waiting: collections.deque = collections.deque()
+        self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)
+        self.stats = collections.Counter()
+        self._stopping = False
+        self._thread: Optional[threading.Thread] = None
+
+    # ---- the public side (any thread) ----------------------------------------------------
+    @property
+    def cache_bytes(self) -> int:
+        return sum(c.nbytes for c in self.caches) + sum(c.nbytes for c in self.pool_caches)
+
+    @property
+    def active(self) -> int:
+        return sum(r.request is not None for r in self.rows)
+
+    @property
+    def queued(self) -> int:
+        return len(self.waiting)
+
+    def check_prompt(self, n: int) -> None:
+        if n == 0:
+            raise UserError("the prompt is empty after tokenization")
+        if n >= self.max_seq_length and not self.unbounded:
+            raise UserError(f"the prompt is {n} tokens but a stream holds {self.max_seq_length} "
+                            f"positions; shorten the prompt or serve with a larger "
+                            f"`max_seq_length` (or a compressing `cache`)")
+
+    def submit(self, prompt: list, params: SamplingParams, eos_ids=(),
+               listener: Optional[Callable] = None) -> Request:
+        """Queue a request. Raises UserError (a prompt that cannot be served) or QueueFull."""
+        self.check_prompt(len(prompt))
+        request = Request(prompt, params, eos_ids, listener, self.device)
+        with self.lock:
+            free = sum(r.request is None for r in self.rows)
+            if len(self.waiting) >= self.max_queue + free:
+                self.stats["rejected"] += 1
+                raise QueueFull(f"all {self.slots} slots are busy and {self.max_queue} requests "
+                                f"are waiting; retry later")
+            self.waiting.append(request)
+            self.stats["requests"] += 1
+            self.wake.notify()
+        return request
+
+    def cancel(self, request: Request) -> None:
+        """Stop a request; its row is freed at the next step (it keeps what it read)."""
+        with self.lock:
+            request.cancelled = True
+            self.wake.notify()
+
+    def start(self) -> "Batcher":
+        self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self.lock:
+            self._stopping = True
+            self.wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    @torch.inference_mode()
+    def warmup(self) -> float:
+        """Compile (or just run) the decode step and a prompt chunk; returns the seconds."""
+        t0 = time.perf_counter()
+        token = torch.zeros(self.slots, 1, dtype=torch.long, device=self.device)
+        for t in range(2):  # the second call confirms the graph is reused
+            self.step(self.model, self.caches, token,
+                      torch.full((self.slots, 1), t, device=self.device))
+        if self.chunk is not None:
+            row = self.rows[0]
+            self._read_prompt(row, [0] * self.chunk, 0)
+        for row in self.rows:
+            self._reset(row)
+        return time.perf_counter() - t0
+
+    # ---- the loop thread -------------------------------------------------------------------
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self.lock:
+                    while not self._stopping and not self.waiting and not self.active:
+                        self.wake.wait()
+                    if self._stopping:
+                        return
+                    admitted = self._take_waiting()
+                try:
+                    for request in admitted:
+                        self._admit(request)
+                    self._iteration()
+                except Exception as e:  # an engine failure ends the running streams, not the loop
+                    for row in self.rows:
+                        if row.request is not None:
+                            row.request.error = f"{type(e).__name__}: {e}"
+                            self._finish(row, "error")
+                        self._reset(row)
+
+    def _take_waiting(self) -> list:
+        """Under the lock: drop cancelled waiting requests, hand out as many as rows allow."""
+        for request in [r for r in self.waiting if r.cancelled]:
+            self.waiting.remove(request)
+            request.emit("done", "cancelled")
+        n = sum(r.request is None for r in self.rows)
+        return [self.waiting.popleft() for _ in range(min(n, len(self.waiting)))]
+
+    def _iteration(self) -> None:
+        for row in self.rows:
+            if row.request is not None and row.request.cancelled:
+                self._finish(row, "cancelled")
+        # prefill: a row that has a prompt to read reads it whole before it joins the decode
+        # batch (the same schedule as Session.append: exact, whatever the other rows do)
+        for row in self.rows:
+            while row.request is not None and not row.request.cancelled:
+                n = len(row.todo)
+                take = (self.chunk if n >= self.chunk else 0) if self.chunk else \
+                    (min(n, self.prefill_tokens) if n >= 2 else 0)
+                if not take:
+                    break
+                logits = self._read_prompt(row, row.todo[:take], len(row.read))
+                row.todo = row.todo[take:]
+                if not row.todo:
+                    self._deliver(row, logits[0])
+        # decode: every busy row reads one token; the others are masked rows
+        readers = [r for r in self.rows if r.request is not None]
+        if not readers:
+            return
+        for row in self.rows:
+            if row.request is None:
+                if row.held:
+                    self._park(row)
+                row.dirty = True
+        tokens = [0] * self.slots
+        pos = [0] * self.slots
+        for row in readers:
+            tokens[row.index] = row.next if row.next is not None else row.todo[0]
+            pos[row.index] = len(row.read)
+        logits = self.step(self.model, self.caches,
+                           torch.tensor(tokens, device=self.device).view(-1, 1),
+                           torch.tensor(pos, device=self.device).view(-1, 1))
+        self.stats["steps"] += 1
+        for row in readers:
+            row.read.append(tokens[row.index])
+            if row.next is not None:
+                row.next = None
+                self._deliver(row, logits[row.index])
+            else:
+                row.todo.pop(0)
+                self.stats["prefilled_tokens"] += 1
+                if not row.todo:
+                    self._deliver(row, logits[row.index])
+
+    def _read_prompt(self, row: _Row, ids: list, start: int) -> Tensor:
+        """Row `row` reads prompt tokens ids at positions start...; its logits [1, V] after."""
+        dev = self.device
+        tokens = torch.tensor([ids], dtype=torch.long, device=dev)
+        span = (start + torch.arange(len(ids), device=dev)).view(1, -1)
+        logits = prefill(self.model, row.caches, tokens, span,
+                         torch.tensor([len(ids) - 1], device=dev))
+        row.read += ids
+        self.stats["prefilled_tokens"] += len(ids)
+        return logits
+
+    def _deliver(self, row: _Row, logits: Tensor) -> None:
+        """Sample the row's next token and hand it to its request; finish the row if done."""
+        request = row.request
+        token = sample_row(logits, request.params, request.generator)
+        request.tokens.append(token)
+        self.stats["generated_tokens"] += 1
+        request.emit("token", token)
+        if token in request.eos:
+            self._finish(row, "stop")
+        elif len(request.tokens) >= request.params.max_tokens or \
+                (not self.unbounded and len(row.read) + 1 >= self.max_seq_length):
+            self._finish(row, "length")
+        else:
+            row.next = token
+
+    def _finish(self, row: _Row, reason: str) -> None:
+        """The row keeps what it read (held), for a request that continues the stream."""
+        request, row.request = row.request, None
+        row.next, row.todo, row.used = None, [], time.perf_counter()
+        self.stats[f"finished_{reason}"] += 1
+        request.emit("done", reason)
+
+    # ---- rows and kept histories -----------------------------------------------------------
+    def _reset(self, row: _Row) -> None:
+        for c in row.caches:
+            c.reset()
+        row.read, row.todo, row.next, row.dirty = [], [], None, False
+
+    def _park(self, row: _Row, keep: Optional[_Row] = None) -> None:
+        """Copy a held row into the pool (replacing the least recently used, never `keep`),
+        then free it."""
+        pool = [p for p in self.pool if p is not keep]
+        if pool:
+            slot = min(pool, key=lambda p: (bool(p.read), p.used))
+            copy_row(row.caches, slot.caches)
+            slot.read, slot.used = row.read, row.used
+            self.stats["parked"] += 1
+        row.read = []
+        row.dirty = True
+
+    def _admit(self, request: Request) -> None:
+        """Give the request a row: a held or parked history that its prompt extends if any
+        (longest first), else a fresh one."""
+        prompt = request.prompt
+
+        def extends(r: _Row) -> int:
+            n = len(r.read)
+            return n if 0 < n < len(prompt) and prompt[:n] == r.read else 0
+
+        held = [r for r in self.rows if r.request is None and not r.dirty]
+        best = max(held + self.pool, key=extends, default=None)
+        if best is not None and extends(best):
+            if best in self.pool:
+                row = self._free_row(keep=best)
+                copy_row(best.caches, row.caches)
+                row.read, row.used, row.dirty, best.read = best.read, best.used, False, []
+            else:
+                row = best
+            request.cached_tokens = len(row.read)
+            self.stats["cached_tokens"] += len(row.read)
+        else:
+            row = self._free_row()
+            if row.dirty or row.read:
+                self._reset(row)
+        row.request, row.todo = request, prompt[len(row.read):]
+        self.stats["prompt_tokens"] += len(prompt)
+
+    def _free_row(self, keep: Optional[_Row] = None) -> _Row:
+        """A row with no request: an empty one first, else the least recently used held one
+        (parked first, never into `keep`)."""
+        free = [r for r in self.rows if r.request is None]
+        row = min(free, key=lambda r: (r.held, r.used))
+        if row.held:
+            self._park(row, keep)
+        return row
