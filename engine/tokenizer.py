@@ -194,6 +194,38 @@ class StreamingDetokenizer:
         return text[len(done):]
 
 
+class StopText:
+    """The text of a generation as tokens arrive, cut at the first of some stop strings: `add`
+    returns the text that is safe to show (a tail that could begin a stop string waits), and
+    sets `stopped` once a stop string appears (it and everything after it are never shown).
+    Tokens in `skip_ids` (end-of-turn tokens) add no text."""
+
+    def __init__(self, tokenizer: "Tokenizer", stop=(), skip_ids=()):
+        self.detok = StreamingDetokenizer(tokenizer)
+        self.stop, self.skip = [s for s in stop if s], set(skip_ids)
+        self.held = ""
+        self.stopped = False
+
+    def add(self, token_id: int) -> str:
+        if self.stopped or token_id in self.skip:
+            return ""
+        self.held += self.detok.add(token_id)
+        cuts = [i for i in (self.held.find(s) for s in self.stop) if i >= 0]
+        if cuts:
+            self.stopped = True
+            out, self.held = self.held[:min(cuts)], ""
+            return out
+        keep = max((n for s in self.stop for n in range(len(s) - 1, 0, -1)
+                    if self.held.endswith(s[:n])), default=0)
+        out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        return out
+
+    def flush(self) -> str:
+        """The held-back tail, at the end of a generation that did not stop on a string."""
+        out, self.held = ("" if self.stopped else self.held), ""
+        return out
+
+
 class SentencePieceTokenizer(Tokenizer):
     kind = "sentencepiece"
 
