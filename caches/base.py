@@ -31,6 +31,8 @@ class KVCache(nn.Module):
     has_middle = False
     prefill_chunk = None  # None: any prompt length in one call; N: feed prompts N tokens at a time
     unbounded = False     # True: positions never run out (keys rotate by rank in the cache)
+    ahead_is_harmless = False  # True: a step at a position the stream has not reached yet
+    #                            changes nothing the stream reads (continuous batching relies on it)
     description = ""      # one line for --list_caches
     options: dict = {}    # policy options (name -> default) a policy accepts
 

@@ -22,6 +22,9 @@ class FullCache(KVCache):
     """
 
     description = "keep every token (capacity = max_seq_length)"
+    # A token written ahead of the stream is overwritten before any query of the stream
+    # reaches its position; commit does nothing.
+    ahead_is_harmless = True
 
     def __init__(self, batch_size: int, n_kv_heads: int, head_dim: int, max_seq_length: int,
                  dtype: torch.dtype, rope: Tensor, layer_id: int = 0):

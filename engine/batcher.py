@@ -3,22 +3,24 @@ policy, in constant memory.
 
 The Batcher owns `slots` batch rows of caches and a thread that repeats:
 
-    admit    waiting requests take rows; a prompt that extends a row's kept history (a chat's
-             next turn) reads only the new suffix
-    prefill  a newly admitted row reads its prompt alone (a batch-1 view of the caches) in
-             chunks: compressing caches `chunk` tokens at a time, the full cache pieces of up
-             to `prefill_tokens`; it joins the decode batch at the next step
-    decode   one step of the fixed [slots, 1] batch: each busy row reads one token (its last
-             sampled one, or the last tokens of its prompt, token by token as Session.append
-             reads a remainder); free rows are masked rows (a dummy token at position 0 after
-             a reset, output ignored), never a smaller shape
+    admit    the next waiting request takes a free row; a prompt that extends a row's kept
+             history (a chat's next turn) reads only the new suffix
+    prefill  the one row reading a prompt reads up to `prefill_tokens` more of it, alone (a
+             batch-1 view of the caches): whole chunks of a compressing cache, pieces of the
+             full cache
+    decode   one step of the fixed [slots, 1] batch: every other busy row reads one token (its
+             last sampled one, or the remainder of its prompt, token by token); free rows are
+             masked rows (a dummy token at position 0, output ignored), never a smaller shape
     sample   each row with its own parameters and generator; emit; finish rows at an EOS,
              max_tokens, the cache's positions, or a cancel
 
 A row reads a prompt exactly as Session.append does (whole chunks, then token by token), so a
-stream's tokens equal the same prompt run alone. A finished row keeps its history ("held")
-until a step would touch it; then its state is copied into a preallocated pool of parked rows
-(least recently used replaced), so conversations survive other traffic with no allocation.
+stream's tokens equal the same prompt run alone, whatever the other rows do. A long prompt is
+read a piece per iteration while the other streams keep decoding; in their steps its row runs
+a dummy token ahead of its stream and, for a cache whose commit compresses, is restored from a
+scratch row after the step. A finished row keeps its history ("held") until a step would
+touch it; then its state is copied into a preallocated pool of parked rows (least recently
+used replaced), so conversations survive other traffic with no allocation.
 
 Requests come from any thread (`submit`, `cancel`); rows and caches belong to the loop thread.
 """
@@ -185,7 +187,7 @@ class Batcher:
         self.caches = build_caches(model, slots, self.max_seq_length, self.make_cache)
         self.unbounded = all(c.unbounded for c in self.caches)
         self.chunk = self.caches[0].prefill_chunk  # None: the full cache, any piece length
-        self.prefill_tokens = prefill_tokens
+        self.prefill_tokens = max(prefill_tokens, self.chunk or 2)
         self.step = decode_logits
         model.block_step = None
         if compile_backend is not None:
@@ -195,6 +197,10 @@ class Batcher:
         self.pool_caches = build_caches(model, n_parked, self.max_seq_length, self.make_cache) \
             if n_parked else []
         self.pool = [_Row(j, [row_view(c, j) for c in self.pool_caches]) for j in range(n_parked)]
+        # where a row reading a prompt waits out a decode step (caches that need it)
+        self.scratch_caches = [] if self.caches[0].ahead_is_harmless else \
+            build_caches(model, 1, self.max_seq_length, self.make_cache)
+        self.scratch = _Row(0, list(self.scratch_caches))
         self.waiting: collections.deque = collections.deque()
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
@@ -205,7 +211,7 @@ class Batcher:
     # ---- the public side (any thread) ----------------------------------------------------
     @property
     def cache_bytes(self) -> int:
-        return sum(c.nbytes for c in self.caches) + sum(c.nbytes for c in self.pool_caches)
+        return sum(c.nbytes for c in (*self.caches, *self.pool_caches, *self.scratch_caches))
 
     @property
     def active(self) -> int:
@@ -294,32 +300,41 @@ class Batcher:
                         self._reset(row)
 
     def _take_waiting(self) -> list:
-        """Under the lock: drop cancelled waiting requests, hand out as many as rows allow."""
+        """Under the lock: drop cancelled waiting requests; hand out the next one if a row is
+        free and no row is reading a prompt in chunks (one at a time: it is the row that decode
+        steps must leave untouched)."""
         for request in [r for r in self.waiting if r.cancelled]:
             self.waiting.remove(request)
             request.emit("done", "cancelled")
-        n = sum(r.request is None for r in self.rows)
-        return [self.waiting.popleft() for _ in range(min(n, len(self.waiting)))]
+        free = any(r.request is None for r in self.rows)
+        if not (free and self.waiting) or self._prompt_row() is not None:
+            return []
+        return [self.waiting.popleft()]
+
+    def _in_prompt(self, row: _Row) -> bool:
+        """The row has prompt left for prefill calls (more than decode steps read)."""
+        return row.request is not None and len(row.todo) >= (self.chunk or 2)
+
+    def _prompt_row(self) -> Optional[_Row]:
+        return next((r for r in self.rows if self._in_prompt(r)), None)
 
     def _iteration(self) -> None:
         for row in self.rows:
             if row.request is not None and row.request.cancelled:
                 self._finish(row, "cancelled")
-        # prefill: a row that has a prompt to read reads it whole before it joins the decode
-        # batch (the same schedule as Session.append: exact, whatever the other rows do)
-        for row in self.rows:
-            while row.request is not None and not row.request.cancelled:
-                n = len(row.todo)
-                take = (self.chunk if n >= self.chunk else 0) if self.chunk else \
-                    (min(n, self.prefill_tokens) if n >= 2 else 0)
-                if not take:
-                    break
-                logits = self._read_prompt(row, row.todo[:take], len(row.read))
-                row.todo = row.todo[take:]
-                if not row.todo:
-                    self._deliver(row, logits[0])
-        # decode: every busy row reads one token; the others are masked rows
-        readers = [r for r in self.rows if r.request is not None]
+        # prefill: the row reading a prompt reads up to prefill_tokens more of it (whole chunks
+        # of a compressing cache, then the remainder token by token in decode steps: the same
+        # schedule as Session.append, so the stream is exact whatever the other rows do)
+        row = self._prompt_row()
+        budget = self.prefill_tokens
+        while row is not None and self._in_prompt(row) and not row.request.cancelled and budget > 0:
+            take = self.chunk or min(len(row.todo), budget)
+            logits = self._read_prompt(row, row.todo[:take], len(row.read))
+            row.todo, budget = row.todo[take:], budget - take
+            if not row.todo:
+                self._deliver(row, logits[0])
+        # decode: every other busy row reads one token; the rest are masked rows
+        readers = [r for r in self.rows if r.request is not None and not self._in_prompt(r)]
         if not readers:
             return
         for row in self.rows:
@@ -332,9 +347,19 @@ class Batcher:
         for row in readers:
             tokens[row.index] = row.next if row.next is not None else row.todo[0]
             pos[row.index] = len(row.read)
+        # A row halfway through its prompt runs a dummy token ahead of its stream (at its next
+        # position); a cache whose commit compresses is restored after the step.
+        midway = self._prompt_row()
+        if midway is not None:
+            self.stats["steps_beside_a_prompt"] += 1
+            pos[midway.index] = len(midway.read)
+            if not self.caches[0].ahead_is_harmless:
+                copy_row(midway.caches, self.scratch.caches)
         logits = self.step(self.model, self.caches,
                            torch.tensor(tokens, device=self.device).view(-1, 1),
                            torch.tensor(pos, device=self.device).view(-1, 1))
+        if midway is not None and not self.caches[0].ahead_is_harmless:
+            copy_row(self.scratch.caches, midway.caches)
         self.stats["steps"] += 1
         for row in readers:
             row.read.append(tokens[row.index])

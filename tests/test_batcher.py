@@ -33,9 +33,12 @@ def prompts():
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
-def test_streams_batched_together_equal_each_alone(name):
+@pytest.mark.parametrize("prefill_tokens", [8, 512])
+def test_streams_batched_together_equal_each_alone(name, prefill_tokens):
+    # prefill_tokens 8: a prompt is read one chunk per step while the other rows decode
     model = tiny_model()
-    batcher = Batcher(model, factory(name), slots=3, max_seq_length=S).start()
+    batcher = Batcher(model, factory(name), slots=3, max_seq_length=S,
+                      prefill_tokens=prefill_tokens).start()
     try:
         requests = []
         for i, p in enumerate(prompts()):  # arrivals while others decode; more than the slots
@@ -48,6 +51,8 @@ def test_streams_batched_together_equal_each_alone(name):
         alone = Generator(model, S, make_cache=factory(name)).generate(p, 10 + i)
         assert out == alone.new_ids[0], (name, len(p))
     assert batcher.stats["finished_length"] == len(outs)
+    if prefill_tokens == 8:
+        assert batcher.stats["steps_beside_a_prompt"] > 0
 
 
 @pytest.mark.parametrize("name", ["full", "weightedkv", "h2o", "lagkv"])
