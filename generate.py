@@ -17,8 +17,7 @@ import torch
 from core.errors import UserError, as_flags
 from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
                         check_run_fits, fit_cache_to_stream, list_caches, non_negative_float,
-                        positive_int, resolve_device, resolve_dtype, resolve_positions, round_up,
-                        run, seed_int)
+                        open_checkpoint, positive_int, resolve_positions, round_up, run, seed_int)
 
 
 def build_parser() -> Parser:
@@ -158,16 +157,10 @@ def main(argv=None) -> None:
         raise UserError("--interactive is a terminal chat; it takes no --json, --num_samples "
                         "or --profile")
     cache_factory_from_args(args, seed=args.seed or 0)  # bad cache flags fail before loading
-    from engine.checkpoint import load_model, read_config
-    from engine.default_model import default_checkpoint
+    from engine.checkpoint import load_model
     from engine.generation import Generator, Session
-    from engine.tokenizer import load_tokenizer
 
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    ckpt = args.checkpoint_path or default_checkpoint()
-    cfg = read_config(ckpt)
-    tokenizer = load_tokenizer(ckpt)
+    device, dtype, ckpt, cfg, tokenizer = open_checkpoint(args)
     context = cfg["model"]["max_position_embeddings"]
 
     text = args.prompt

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from core.errors import UserError
 from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
-                        check_run_fits, list_caches, positive_int, resolve_device, resolve_dtype,
+                        check_run_fits, list_caches, open_checkpoint, positive_int,
                         resolve_positions, round_up, run, seed_int)
 
 
@@ -78,16 +78,10 @@ def main(argv=None) -> None:
     import uvicorn
 
     from engine.batcher import Batcher
-    from engine.checkpoint import load_model, read_config
-    from engine.default_model import default_checkpoint
+    from engine.checkpoint import load_model
     from engine.server import create_app
-    from engine.tokenizer import load_tokenizer
 
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    ckpt = args.checkpoint_path or default_checkpoint()
-    cfg = read_config(ckpt)
-    tokenizer = load_tokenizer(ckpt)
+    device, dtype, ckpt, cfg, tokenizer = open_checkpoint(args)
     context = cfg["model"]["max_position_embeddings"]
     # Streams have no known length: a compressing cache rotates keys by rank (unbounded).
     positions = resolve_positions(args, None, context)

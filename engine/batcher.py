@@ -38,8 +38,7 @@ import torch
 from torch import Tensor
 
 from caches import CacheFactory, build_caches, make_cache_factory
-from core.errors import UserError
-from engine.generation import compile_decode, prefill, row_view
+from engine.generation import check_prompt, compile_decode, prefill, row_view
 
 DEFAULT_PREFILL_TOKENS = 512
 
@@ -221,18 +220,10 @@ class Batcher:
     def queued(self) -> int:
         return len(self.waiting)
 
-    def check_prompt(self, n: int) -> None:
-        if n == 0:
-            raise UserError("the prompt is empty after tokenization")
-        if n >= self.max_seq_length and not self.unbounded:
-            raise UserError(f"the prompt is {n} tokens but a stream holds {self.max_seq_length} "
-                            f"positions; shorten the prompt or serve with a larger "
-                            f"`max_seq_length` (or a compressing `cache`)")
-
     def submit(self, prompt: list, params: SamplingParams, eos_ids=(),
                listener: Optional[Callable] = None) -> Request:
         """Queue a request. Raises UserError (a prompt that cannot be served) or QueueFull."""
-        self.check_prompt(len(prompt))
+        check_prompt(len(prompt), self.max_seq_length, self.unbounded)
         request = Request(prompt, params, eos_ids, listener, self.device)
         with self.lock:
             free = sum(r.request is None for r in self.rows)

@@ -76,6 +76,19 @@ def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
+def open_checkpoint(args):
+    """The device, dtype, checkpoint directory, its config and tokenizer that --device, --dtype
+    and --checkpoint_path name (the embedded default model without one)."""
+    from engine.checkpoint import read_config
+    from engine.default_model import default_checkpoint
+    from engine.tokenizer import load_tokenizer
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    ckpt = args.checkpoint_path or default_checkpoint()
+    cfg = read_config(ckpt)
+    return device, dtype, ckpt, cfg, load_tokenizer(ckpt)
+
+
 def run(main) -> None:
     """Run a CLI main(); user errors and Ctrl-C end with one line, not a traceback."""
     try:

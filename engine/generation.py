@@ -474,12 +474,7 @@ class Generator(Session):
         super().__init__(model, make_cache, max_seq_length, batch_size, compile, compile_prefill)
 
     def check_prompt(self, n_prompt: int) -> None:
-        if n_prompt == 0:
-            raise UserError("the prompt is empty after tokenization; pass a non-empty prompt")
-        if n_prompt >= self.max_seq_length and not self.unbounded:
-            raise UserError(f"the prompt is {n_prompt} tokens but the session holds "
-                            f"{self.max_seq_length} positions; raise `max_seq_length` above "
-                            f"{n_prompt} or shorten the prompt")
+        check_prompt(n_prompt, self.max_seq_length, self.unbounded)
 
     def generate(self, prompt: list, max_new_tokens: int, temperature: float = 0.0,
                  top_k: Optional[int] = None, eos_ids=(),
@@ -495,6 +490,17 @@ class Generator(Session):
         self.reset()
         self.append(rows)
         return super().generate(max_new_tokens, temperature, top_k, eos_ids, callback)
+
+
+def check_prompt(n_prompt: int, max_seq_length: int, unbounded: bool) -> None:
+    """A prompt of n_prompt tokens must be non-empty and, in a bounded stream, leave a position
+    for the first new token."""
+    if n_prompt == 0:
+        raise UserError("the prompt is empty after tokenization; pass a non-empty prompt")
+    if n_prompt >= max_seq_length and not unbounded:
+        raise UserError(f"the prompt is {n_prompt} tokens but a stream holds {max_seq_length} "
+                        f"positions; raise `max_seq_length` above {n_prompt} or shorten the "
+                        f"prompt")
 
 
 def cut_at_eos(ids: list, eos: set) -> list:

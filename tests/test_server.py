@@ -156,6 +156,7 @@ def test_greedy_output_equals_generate_py(server, chat):
 def test_a_chat_through_the_stateless_api_reads_only_each_new_turn(server):
     client = server.client()
     messages = [{"role": "system", "content": "You are brief."}]
+    previous_total = 0  # prompt + reply tokens of the turn before
     for i, question in enumerate(["Name a fruit.", "Name another one.", "And a vegetable?"]):
         messages.append({"role": "user", "content": question})
         before = server.metrics()
