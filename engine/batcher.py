@@ -267,6 +267,7 @@ class Batcher:
             self._read_prompt(row, [0] * self.chunk, 0)
         for row in self.rows:
             self._reset(row)
+        self.stats.clear()
         return time.perf_counter() - t0
 
     # ---- the loop thread -------------------------------------------------------------------

@@ -40,7 +40,8 @@ class APIError(Exception):
     def response(self) -> JSONResponse:
         return JSONResponse({"error": {"message": self.message, "type": self.kind,
                                        "param": self.param, "code": self.code}},
-                            status_code=self.status)
+                            status_code=self.status,
+                            headers={"Retry-After": "1"} if self.status == 429 else None)
 
 
 # ---- request fields --------------------------------------------------------------------------
