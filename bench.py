@@ -519,9 +519,13 @@ def main(argv=None) -> None:
     from engine.checkpoint import load_model, read_config
     from engine.default_model import default_checkpoint
     from engine.tokenizer import load_tokenizer
+    from engine.tp import start as start_tp
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    tp = start_tp(device)  # under torchrun: figures are per rank (engine/tp.py)
+    if tp and transformers is not None:
+        raise UserError("--peer runs one process; run it without torchrun")
     ckpt = Path(args.checkpoint_path) if args.checkpoint_path else default_checkpoint()
     cfg = read_config(ckpt)
     limit = cfg["model"]["max_position_embeddings"]
@@ -536,8 +540,8 @@ def main(argv=None) -> None:
         if not args.json:
             print(msg, file=sys.stderr, flush=True)
 
-    machine = machine_info(device)
-    model = load_model(ckpt, device=device, dtype=dtype)
+    machine = dict(machine_info(device), ranks=tp.world if tp else 1)
+    model = load_model(ckpt, device=device, dtype=dtype, tp=tp)
     say("measuring the machine's streaming-read bandwidth...")
     bandwidth = machine_bandwidth_gbs(device)
     modes = {"on": [True], "off": [False], "both": [False, True]}[args.compile]

@@ -114,6 +114,7 @@ def ppl_main(args) -> None:
     from engine.evaluation import (compile_step, encode_prefix, score_step, streaming_perplexity,
                                    warmup)
     from engine.tokenizer import load_tokenizer
+    from engine.tp import start as start_tp
 
     if args.list_caches:
         print(list_caches())
@@ -124,6 +125,7 @@ def ppl_main(args) -> None:
     text, source = load_text(args)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    tp = start_tp(device)  # under torchrun: this rank's share of the model (engine/tp.py)
     ckpt = args.checkpoint_path or default_checkpoint()
     tokenizer = load_tokenizer(ckpt)
     ids = encode_prefix(tokenizer, text, args.max_tokens)
@@ -143,7 +145,7 @@ def ppl_main(args) -> None:
                         f"compressing --cache")
     max_seq_length = max(len(ids), cache_slots(args))
     check_run_fits(ckpt, cfg, dtype, device, 1, max_seq_length, make_cache)
-    model = load_model(ckpt, device=device, dtype=dtype)
+    model = load_model(ckpt, device=device, dtype=dtype, tp=tp)
     caches = build_caches(model, 1, max_seq_length, make_cache)
     step, compile_s = score_step, 0.0
     if args.compile:
@@ -165,7 +167,7 @@ def ppl_main(args) -> None:
            "kv_middle": args.kv_middle, "positions": args.positions,
            "cache_bytes": cache_bytes, "tokens_per_s": result.tokens_per_s,
            "compile_s": compile_s, "dtype": str(dtype).removeprefix("torch."),
-           "corpus": args.corpus, "text_file": args.text_file}
+           "corpus": args.corpus, "text_file": args.text_file, "ranks": tp.world if tp else 1}
     if args.curve:
         write_atomic(Path(args.curve), json.dumps({"position": list(range(1, len(ids))),
                                                    "log_ppl": result.curve}))

@@ -159,8 +159,13 @@ def main(argv=None) -> None:
     cache_factory_from_args(args, seed=args.seed or 0)  # bad cache flags fail before loading
     from engine.checkpoint import load_model
     from engine.generation import Generator, Session
+    from engine.tp import shared_seed
+    from engine.tp import start as start_tp
 
     device, dtype, ckpt, cfg, tokenizer = open_checkpoint(args)
+    tp = start_tp(device)  # under torchrun: this rank's share of the model (engine/tp.py)
+    if tp and args.interactive:
+        raise UserError("--interactive reads the terminal in one process; run it without torchrun")
     context = cfg["model"]["max_position_embeddings"]
 
     text = args.prompt
@@ -209,17 +214,19 @@ def main(argv=None) -> None:
                   f"{max_seq_length - len(prompt)} new tokens", file=sys.stderr)
 
     check_run_fits(ckpt, cfg, dtype, device, 1, max_seq_length, make_cache)
-    if args.seed is not None:
-        torch.manual_seed(args.seed)
+    seed = shared_seed(tp, args.seed)  # ranks sample alike
+    if seed is not None:
+        torch.manual_seed(seed)
     t = time.perf_counter()
-    model = load_model(ckpt, device=device, dtype=dtype)
+    model = load_model(ckpt, device=device, dtype=dtype, tp=tp)
     kind = Session if args.interactive else Generator
     gen = kind(model, max_seq_length=max_seq_length, make_cache=make_cache,
                compile=args.compile, compile_prefill=args.compile_prefill)
     load_s = time.perf_counter() - t
     if not args.json:
         print(f"loaded {ckpt} in {load_s:.1f} s ({device}, {str(dtype).removeprefix('torch.')}, "
-              f"cache {args.cache}, positions {positions})", file=sys.stderr)
+              f"cache {args.cache}, positions {positions}"
+              f"{f', {tp.world} ranks' if tp else ''})", file=sys.stderr)
     compile_s = None
     if args.compile:
         if not args.json:
@@ -265,6 +272,7 @@ def main(argv=None) -> None:
     memory = {"cache_bytes": gen.cache_bytes, "peak_memory_bytes": peak_memory_bytes(device)}
     if args.json:
         result = dict(samples[0], **memory, cache=args.cache, positions=positions,
+                      ranks=tp.world if tp else 1,
                       device=str(device), compile_s=compile_s,
                       dtype=str(dtype).removeprefix("torch."), max_seq_length=max_seq_length)
         if args.num_samples > 1:

@@ -153,9 +153,12 @@ def build_caches(model, batch_size: int, max_seq_length: int, make_cache=None) -
                model.device, "lower `cache_size`, `max_seq_length` or the batch size")
     rope = model.rope(max_seq_length)
     with torch.device(model.device):
-        return nn.ModuleList(make_cache(batch_size, args.n_kv_heads, args.head_dim,
-                                        max_seq_length, model.dtype, rope, layer_id=i)
-                             for i in range(args.n_layer))
+        caches = nn.ModuleList(make_cache(batch_size, args.n_kv_heads, args.head_dim,
+                                          max_seq_length, model.dtype, rope, layer_id=i)
+                               for i in range(args.n_layer))
+    for cache in caches:  # a tensor-parallel model's caches hold its rank's KV heads
+        cache.shard = getattr(model, "kv_shard", None)
+    return caches
 
 
 __all__ = ["KVCache", "RegionCache", "FullCache", "POLICIES", "make_cache_factory", "describe",

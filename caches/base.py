@@ -43,6 +43,9 @@ class KVCache(nn.Module):
     def __init__(self, rope: Tensor, layer_id: int = 0):
         super().__init__()
         self.layer_id = layer_id
+        # Set by build_caches under tensor parallelism (engine/tp.py): this rank holds KV heads
+        # [shard.offset, shard.offset + Hkv) of shard.total, and shard.all_reduce sums over ranks.
+        self.shard = None
         self.register_buffer("rope", rope, persistent=False)  # [max_len, D // 2, 2] float32
 
     def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> KVView:
@@ -54,6 +57,19 @@ class KVCache(nn.Module):
 
     def reset(self) -> None:
         raise NotImplementedError
+
+    def mean_over_heads(self, x: Tensor) -> Tensor:
+        """x [B, Hkv, ...] -> the mean over every KV head of the layer [B, 1, ...] (all ranks'
+        heads under tensor parallelism)."""
+        total = x.sum(dim=1, keepdim=True)
+        if self.shard is None:
+            return total / x.shape[1]
+        return self.shard.all_reduce(total) / self.shard.total
+
+    @property
+    def head_offset(self) -> int:
+        """Global index of this cache's first KV head."""
+        return 0 if self.shard is None else self.shard.offset
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """x [B, H, T, D] rotated at positions [B, T]."""

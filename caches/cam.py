@@ -5,14 +5,15 @@ from caches.region import FAR, RegionCache
 from core.errors import UserError
 
 
-def uniform(key: Tensor, cur: Tensor, n: int) -> Tensor:
-    """Counter-based uniform draws in [0, 1) [B, n, 1]: draw i of row b from (key, cur[b], i).
+def uniform(key: Tensor, cur: Tensor, n: int, start: int = 0) -> Tensor:
+    """Counter-based uniform draws in [0, 1) [B, n, 1]: draw i of row b from (key, cur[b], i),
+    for i in [start, start + n).
 
     A splitmix-style integer hash: reproducible under a seed and free of generator state, so a
     compiled graph (or a CUDA graph) replays it exactly.
     """
     x = (key * 0x9E3779B9 + cur.view(-1, 1).long() * 0x85EBCA6B
-         + torch.arange(n, device=key.device) * 0xC2B2AE35)
+         + torch.arange(start, start + n, device=key.device) * 0xC2B2AE35)
     for mul in (0xBF58476D1CE4E5B9 >> 2, 0x94D049BB133111EB >> 2):
         x = (x ^ (x >> 31)) * mul
     x = x ^ (x >> 29)
@@ -59,8 +60,9 @@ class CaMCache(RegionCache):
         a_i = self.acc.gather(-1, i.unsqueeze(-1))
         prob = torch.where(a_next > 0, (a_i / a_next.clamp(min=1e-30)).clamp(0, 1), 1.0)
         # Draws depend on (seed, layer, position, head), not on the batch row: a stream merges
-        # the same way alone or batched with others (the sweep batches corpora).
-        draw = uniform(self.rng_key, cur, H) < prob
+        # the same way alone or batched with others (the sweep batches corpora), and a head
+        # draws the same on any rank of a tensor-parallel run (by its global index).
+        draw = uniform(self.rng_key, cur, H, self.head_offset) < prob
         merge = (do.unsqueeze(-1) & draw & (count > 0)).squeeze(-1)
         share = self.read_v(i) / count.clamp(min=1)  # [B, H, D]
         # Middle-less: the following tokens all sit in the fast region.

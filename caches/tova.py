@@ -15,7 +15,7 @@ class TOVACache(RegionCache):
     description = "evict the middle token least attended at this step, averaged over all heads"
 
     def accumulate(self, p: Tensor, positions: Tensor) -> None:
-        self.last.copy_(p[:, :, -1].mean(dim=1, keepdim=True).expand_as(self.last))
+        self.last.copy_(self.mean_over_heads(p[:, :, -1]).expand_as(self.last))
 
     def score(self, cur: Tensor) -> Tensor:
         return self.last

@@ -76,8 +76,10 @@ def quant_config(cfg: dict):
                         f"checkpoints made by quantize.py") from None
 
 
-def load_model(checkpoint_dir, device="cpu", dtype=torch.float32, pack: bool = True) -> Transformer:
-    """Load a checkpoint; `dtype` is the activation (and float weight) dtype.
+def load_model(checkpoint_dir, device="cpu", dtype=torch.float32, pack: bool = True,
+               tp=None) -> Transformer:
+    """Load a checkpoint; `dtype` is the activation (and float weight) dtype. With `tp` (an
+    engine.tp.TP), keep this rank's shard of every block (before packing quantized weights).
 
     A quantized checkpoint (config "quantization") gets Int8Linear/Int4Linear modules in place of
     its linears, loaded strictly from the storage format and, with `pack`, converted on `device`
@@ -90,6 +92,9 @@ def load_model(checkpoint_dir, device="cpu", dtype=torch.float32, pack: bool = T
     weights = path / WEIGHTS_NAME
     if not weights.is_file():
         raise UserError(f"{str(path)!r} has no {WEIGHTS_NAME}; re-run convert_hf.py")
+    if tp is not None:
+        from engine.tp import check_divides
+        check_divides(tp, args, qconfig)
     with torch.device("meta"):
         model = Transformer(args)
         if qconfig is not None:
@@ -119,6 +124,9 @@ def load_model(checkpoint_dir, device="cpu", dtype=torch.float32, pack: bool = T
     model.load_state_dict(state, strict=True, assign=True)
     if args.tie_embeddings and qconfig is None:
         model.output.weight = model.tok_embeddings.weight
+    if tp is not None:
+        from engine.tp import shard_model
+        shard_model(model, tp)
     model = model.to(device=device).eval()
     if qconfig is not None and pack:
         pack_model(model, dtype)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 import torch
@@ -59,7 +60,10 @@ def non_negative_float(text: str) -> float:
 
 def resolve_device(name: str | None) -> torch.device:
     if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        # one GPU per rank under torchrun
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -90,15 +94,23 @@ def open_checkpoint(args):
 
 
 def run(main) -> None:
-    """Run a CLI main(); user errors and Ctrl-C end with one line, not a traceback."""
+    """Run a CLI main(); user errors and Ctrl-C end with one line, not a traceback (under
+    torchrun: from rank 0 only, every rank exiting)."""
+    speaks = os.environ.get("RANK", "0") == "0"
     try:
         main()
     except UserError as e:
-        print(f"error: {as_flags(str(e))}", file=sys.stderr)
+        if speaks:
+            print(f"error: {as_flags(str(e))}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        if speaks:
+            print("interrupted", file=sys.stderr)
         sys.exit(130)
+    finally:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def add_cache_arguments(p) -> None:
