@@ -88,7 +88,8 @@ def main(argv=None) -> None:
     make_cache = cache_factory_from_args(args, seed=args.seed or 0)
     max_seq_length = stream_length(args, context)
     parked = args.slots if args.parked is None else args.parked
-    check_run_fits(ckpt, cfg, dtype, device, args.slots + parked, max_seq_length, make_cache)
+    # the rows, the parked rows and the scratch row (engine/batcher.py)
+    check_run_fits(ckpt, cfg, dtype, device, args.slots + parked + 1, max_seq_length, make_cache)
     model = load_model(ckpt, device=device, dtype=dtype)
     batcher = Batcher(model, make_cache, args.slots, max_seq_length, args.queue, parked,
                       args.prefill_tokens, "inductor" if args.compile else None)

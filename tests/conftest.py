@@ -29,6 +29,23 @@ def tiny_model(seed=0, **overrides) -> Transformer:
     return model.eval()
 
 
+def write_tiny_checkpoint(out: Path, source: Path, **model) -> Path:
+    """A real engine checkpoint directory at `out`: source's config format and tokenizer, a tiny
+    random model of the given shape (tied head: stored once)."""
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((source / "config.json").read_text())
+    cfg["model"] = dict(cfg["model"], **model)
+    (out / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(source / cfg["tokenizer"]["file"], out)
+    state = {k: v for k, v in tiny_model(**model).state_dict().items() if k != "output.weight"}
+    save_file(state, str(out / "model.safetensors"))
+    return out
+
+
 @pytest.fixture(scope="session")
 def default_checkpoint():
     """The embedded default model, converted once (REGIONKV_HOME or ~/.cache/regionkv)."""

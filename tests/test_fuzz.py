@@ -11,14 +11,12 @@ import io
 import json
 import os
 import resource
-import shutil
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import tiny_model
+from conftest import write_tiny_checkpoint
 from core.errors import UserError
 
 EXAMPLES = int(os.environ.get("REGIONKV_FUZZ_EXAMPLES", "20"))
@@ -32,16 +30,8 @@ TINY = dict(vocab_size=49152, n_layer=2, dim=64, n_head=4, n_kv_heads=2, head_di
 @pytest.fixture(scope="module")
 def tiny_ckpt(default_checkpoint, tmp_path_factory):
     """A real engine checkpoint directory: the default model's tokenizer, a tiny random model."""
-    from safetensors.torch import save_file
-    out = tmp_path_factory.mktemp("tiny") / "ckpt"
-    out.mkdir()
-    cfg = json.loads((default_checkpoint / "config.json").read_text())
-    cfg["model"] = dict(json.loads(json.dumps(cfg["model"])), **TINY)
-    (out / "config.json").write_text(json.dumps(cfg))
-    shutil.copy(default_checkpoint / cfg["tokenizer"]["file"], out)
-    state = {k: v for k, v in tiny_model(**TINY).state_dict().items() if k != "output.weight"}
-    save_file(state, str(out / "model.safetensors"))
-    return out
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", default_checkpoint,
+                                 **TINY)
 
 
 @pytest.fixture(scope="module", autouse=True)

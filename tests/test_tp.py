@@ -3,7 +3,6 @@ for every cache policy (INT8 middle included), for quantized checkpoints and for
 model; bad launches end with one line from rank 0 and every rank exits."""
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, tiny_model
+from conftest import ROOT, tiny_model, write_tiny_checkpoint
 
 TINY = dict(vocab_size=49152, n_layer=2, dim=64, n_head=4, n_kv_heads=2, head_dim=16,
             intermediate_size=128, max_position_embeddings=256, tie_embeddings=True)
@@ -34,16 +33,8 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def tiny_ckpt(default_checkpoint, tmp_path_factory):
     """The default model's tokenizer and config format, a tiny random model with 2 KV heads."""
-    from safetensors.torch import save_file
-    out = tmp_path_factory.mktemp("tp") / "ckpt"
-    out.mkdir()
-    cfg = json.loads((default_checkpoint / "config.json").read_text())
-    cfg["model"] = dict(cfg["model"], **TINY)
-    (out / "config.json").write_text(json.dumps(cfg))
-    shutil.copy(default_checkpoint / cfg["tokenizer"]["file"], out)
-    state = {k: v for k, v in tiny_model(**TINY).state_dict().items() if k != "output.weight"}
-    save_file(state, str(out / "model.safetensors"))
-    return out
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tp") / "ckpt", default_checkpoint,
+                                 **TINY)
 
 
 def matrix(ckpt, tmp_path, n, *extra):
