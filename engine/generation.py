@@ -77,6 +77,9 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     embedding lookup, head and sampling stay eager: one large matmul each, nothing to fuse.
     Prompt chunks of compressing `caches` compress token by token through one compiled step.
     """
+    # One graph per cache policy and batch shape (the block step is one function for all): a
+    # process that compiles many of them (bench.py, sweeps) needs more than dynamo's default 8.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     if model.device.type == "cuda":
         # The caches are inputs of the graph, written in place: their buffers keep fixed
         # addresses, so the CUDA graph reads and writes them directly instead of copying.

@@ -172,6 +172,19 @@ def test_one_decode_graph_across_turns_and_save_load(tmp_path):
     assert counter.frame_count == frames
 
 
+def test_one_process_compiles_every_policy():
+    # every policy is its own graph of the one block step: more than dynamo's default limit of 8
+    model = tiny_model()
+    counter = CompileCounter()
+    for name in list(POLICIES) + ["weightedkv+int8", "h2o+int8"]:
+        policy, _, middle = name.partition("+")
+        s = Session(model, factory(policy, **({"kv_middle": "int8"} if middle else {})), 128)
+        s.decode_fn = compile_decode(decode_one_token, model, backend=counter, caches=s.caches)
+        s.append(list(range(1, 20)))
+        s.generate(3)
+    assert counter.frame_count >= len(POLICIES)
+
+
 # ---- the default model -----------------------------------------------------------------------
 
 QUESTIONS = ["Who created the heaven and the earth?", "What was upon the face of the deep?",
