@@ -290,6 +290,10 @@ class Batcher:
                             row.request.error = f"{type(e).__name__}: {e}"
                             self._finish(row, "error")
                         self._reset(row)
+                    for request in admitted:  # failed before it had a row
+                        if request.finish_reason is None:
+                            request.error = f"{type(e).__name__}: {e}"
+                            request.emit("done", "error")
 
     def _take_waiting(self) -> list:
         """Under the lock: drop cancelled waiting requests; hand out the next one if a row is

@@ -219,3 +219,20 @@ def test_requests_from_many_threads():
     for i, out in results.items():
         assert out == results[i % len(ps)], i
     assert len(results) == 12
+
+
+def test_an_engine_failure_ends_the_running_streams_and_the_loop_goes_on():
+    model = tiny_model()
+    batcher = Batcher(model, factory("streaming"), slots=2, max_seq_length=S).start()
+    try:
+        step = batcher.step
+        batcher.step = lambda *a: (_ for _ in ()).throw(RuntimeError("device lost"))
+        failed = batcher.submit([1, 2, 3], greedy(5))
+        with pytest.raises(RuntimeError, match="device lost"):
+            failed.result()
+        assert failed.finish_reason == "error"
+        batcher.step = step
+        assert batcher.submit([1, 2, 3], greedy(5)).result() == \
+            Generator(model, S, make_cache=factory("streaming")).generate([1, 2, 3], 5).new_ids[0]
+    finally:
+        batcher.stop()
