@@ -12,6 +12,8 @@ from caches.base import KVCache
 from caches.cam import CaMCache
 from caches.full import FullCache
 from caches.h2o import H2OCache
+from caches.keydiff import KeyDiffCache
+from caches.knorm import KnormCache
 from caches.lagkv import LagKVCache
 from caches.quantized import QuantizedCache
 from caches.region import RegionCache
@@ -32,6 +34,8 @@ POLICIES = {
     "weightedkv-evict": WeightedKVEvictCache,
     "cam": CaMCache,
     "lagkv": LagKVCache,
+    "knorm": KnormCache,
+    "keydiff": KeyDiffCache,
 }
 
 DEFAULT_CACHE_SIZE = 256

@@ -111,6 +111,13 @@ class RegionCache(KVCache):
         """x [B, H, C], slots [B, H, ...] -> x at those slots, per head."""
         return x.gather(-1, slots.flatten(2)).view(slots.shape)
 
+    def all_keys(self) -> Tensor:
+        """Keys of every global slot [B, H, C, D] in float32, as stored (rotated at their
+        positions, or un-rotated under rank positions); empty slots hold stale values."""
+        if not self.middle_int8:
+            return self.k.float()
+        return torch.cat([self.k_fast.float(), dequantize_int8(self.k_mid, self.k_scale)], dim=2)
+
     def read_v(self, g: Tensor) -> Tensor:
         """Values at global slots g [B, H] -> [B, H, D] float32, from whichever region."""
         D = self.v_fast.shape[-1]

@@ -9,6 +9,8 @@ from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 from caches import POLICIES, FullCache, build_caches, make_cache_factory
 from caches.cam import CaMCache
 from caches.h2o import H2OCache
+from caches.keydiff import KeyDiffCache
+from caches.knorm import KnormCache
 from caches.lagkv import LagKVCache
 from caches.tova import TOVACache
 from caches.a2sf import A2SFCache
@@ -280,6 +282,29 @@ def test_h2o_victim_follows_accumulated_attention():
     for t, probs in enumerate(history):
         step(cache, t, t, probs)
     # acc: position 1 = 1.3, position 2 = 0.5 -> the heavy hitter stays, 2 goes
+    assert {p for p in cache.pos[0, 0].tolist() if p >= 0} == {0, 1, 3, 4}
+
+
+@pytest.mark.parametrize("loud", [1, 2])
+def test_knorm_evicts_the_largest_key(loud):
+    cache = standalone(KnormCache, sink=1, window=2, middle=1)
+    for t in range(5):  # key = value = a constant vector: its norm is 2 |value|
+        step(cache, t, 9.0 if t == loud else 1.0, {})
+    gone = {0, 1, 2, 3, 4} - {p for p in cache.pos[0, 0].tolist() if p >= 0}
+    assert gone == {loud}
+    assert not KnormCache.wants_probs and not KeyDiffCache.wants_probs
+
+
+def test_keydiff_evicts_the_key_most_like_the_mean():
+    # un-rotated keys (rank positions), so the directions are the ones written
+    cache = standalone(KeyDiffCache, sink=1, window=2, middle=1, positions="cache")
+    keys = {0: [1.0, 0, 0, 0], 1: [0, 1.0, 0, 0], 2: [1.0, 0.1, 0, 0], 3: [1.0, 0, 0, 0],
+            4: [1.0, 0, 0, 0]}
+    for t, k in keys.items():
+        x = torch.tensor(k).view(1, 1, 1, 4)
+        cache.update(torch.tensor([[t]]), x, x, x)
+        cache.commit(torch.tensor([[t]]), None)
+    # positions 1 and 2 reach the middle; 2 points where most keys point, 1 is distinctive
     assert {p for p in cache.pos[0, 0].tolist() if p >= 0} == {0, 1, 3, 4}
 
 

@@ -1,0 +1,17 @@
+from torch import Tensor
+
+from caches.region import RegionCache
+
+
+class KnormCache(RegionCache):
+    """Knorm (Devoto et al., 2024, "A simple and effective L2 norm-based strategy for KV cache
+    compression"; kvpress's KnormPress): evict the middle token whose key has the largest L2
+    norm, per KV head. Keys of low norm draw the most attention, so the norm stands in for it:
+    no attention probabilities, the fused attention path stays.
+
+    State: the region buffers only (norms are read from the keys; RoPE preserves them).
+    """
+    description = "evict the middle token whose key has the largest L2 norm (no attention needed)"
+
+    def score(self, cur: Tensor) -> Tensor:
+        return -self.all_keys().norm(dim=-1)
