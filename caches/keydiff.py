@@ -1,7 +1,7 @@
 import torch.nn.functional as F
 from torch import Tensor
 
-from caches.region import RegionCache
+from caches.region import RegionCache, coarse
 
 
 class KeyDiffCache(RegionCache):
@@ -19,4 +19,4 @@ class KeyDiffCache(RegionCache):
         keys = F.normalize(self.all_keys(), dim=-1)            # [B, H, C, D]
         valid = (self.pos >= 0).unsqueeze(-1)
         anchor = (keys * valid).sum(2, keepdim=True) / valid.sum(2, keepdim=True).clamp(min=1)
-        return -(keys * anchor).sum(-1) / anchor.norm(dim=-1).clamp(min=1e-12)
+        return -coarse((keys * anchor).sum(-1) / anchor.norm(dim=-1).clamp(min=1e-12))

@@ -1,6 +1,6 @@
 from torch import Tensor
 
-from caches.region import RegionCache
+from caches.region import RegionCache, coarse
 
 
 class KnormCache(RegionCache):
@@ -14,4 +14,4 @@ class KnormCache(RegionCache):
     description = "evict the middle token whose key has the largest L2 norm (no attention needed)"
 
     def score(self, cur: Tensor) -> Tensor:
-        return -self.all_keys().norm(dim=-1)
+        return -coarse(self.all_keys().norm(dim=-1))

@@ -271,6 +271,13 @@ class RegionCache(KVCache):
         self.evict(victim, do)
 
 
+def coarse(score: Tensor, step: float = 2.0**-12) -> Tensor:
+    """A score rounded to a grid, for scores that tie exactly in exact arithmetic (a repeated
+    token's layer-0 key is the same vector at every position): rounding noise of the batched
+    or compiled path must not break the tie; the oldest goes, as argmin_oldest decides."""
+    return torch.round(score / step) * step
+
+
 def argmin_oldest(score: Tensor, pos: Tensor) -> Tensor:
     """argmin over the last axis; ties go to the oldest position."""
     best = score.min(dim=-1, keepdim=True).values

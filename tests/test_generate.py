@@ -63,7 +63,7 @@ def test_list_caches():
     assert proc.returncode == 0
     names = [line.split()[0] for line in proc.stdout.splitlines()]
     assert names == ["full", "streaming", "quantized", "h2o", "tova", "a2sf", "weightedkv",
-                     "weightedkv-evict", "cam", "lagkv"]
+                     "weightedkv-evict", "cam", "lagkv", "knorm", "keydiff"]
 
 
 @pytest.mark.parametrize("args,needle", [
