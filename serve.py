@@ -69,12 +69,24 @@ def stream_length(args, context: int) -> int:
     return length
 
 
+def check_port(host: str, port: int) -> None:
+    """Refuse an address that cannot be bound before spending time loading the model."""
+    import socket
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise UserError(f"cannot listen on {host}:{port} ({e.strerror or e}); pick another "
+                        f"--port or --host") from None
+
+
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     if args.list_caches:
         print(list_caches())
         return
     cache_factory_from_args(args, seed=args.seed or 0)  # bad cache flags fail before loading
+    check_port(args.host, args.port)
     import uvicorn
 
     from engine.batcher import Batcher

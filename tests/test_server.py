@@ -4,7 +4,6 @@ a bounded load test (every request completes or gets a clean 429, none mixed, RS
 input answered in OpenAI's error shape while every other stream goes on."""
 import http.client
 import json
-import os
 import re
 import socket
 import subprocess
@@ -294,4 +293,7 @@ def test_serve_refuses_bad_flags():
     assert out.returncode == 2 and "error:" in out.stderr and "Traceback" not in out.stderr
     out = run_cli("serve.py", "--cache", "weightedkv", "--cache_size", "100000")
     assert out.returncode == 2 and "context" in out.stderr and "Traceback" not in out.stderr
-    assert os.path.exists(ROOT / "serve.py")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        out = run_cli("serve.py", "--port", taken.getsockname()[1])
+    assert out.returncode == 2 and out.stderr.startswith("error: cannot listen on 127.0.0.1:")
+    assert out.stderr.count("\n") == 1
