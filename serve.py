@@ -9,7 +9,9 @@ memory under a compressing --cache; --slots streams decode together (continuous 
 """
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from core.errors import UserError
@@ -112,14 +114,19 @@ def main(argv=None) -> None:
     if args.compile:
         print("compiling the decode step...", file=sys.stderr)
     print(f"warmed up in {batcher.warmup():.1f} s", file=sys.stderr)
-    batcher.start()
     app = create_app(batcher, tokenizer, name, args.default_max_tokens)
+    # The HTTP server runs in a thread; the decode loop keeps the main thread (faster there).
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                           log_level="warning", timeout_graceful_shutdown=2))
+    http = threading.Thread(target=server.run, name="http", daemon=True)
+    http.start()
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: batcher.stop_soon())
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                    timeout_graceful_shutdown=2)
+        batcher.run()  # until SIGTERM or Ctrl-C
     finally:
-        batcher.stop()
+        server.should_exit = True
+        http.join(5)
 
 
 if __name__ == "__main__":
