@@ -160,7 +160,7 @@ def row_state(view) -> dict:
 
 def copy_row(src: list, dst: list) -> None:
     for a, b in zip(src, dst):
-        for (name, t), u in zip(row_state(a).items(), row_state(b).values()):
+        for t, u in zip(row_state(a).values(), row_state(b).values()):
             u.copy_(t)
 
 
@@ -196,7 +196,8 @@ class Batcher:
         self.pool_caches = build_caches(model, n_parked, self.max_seq_length, self.make_cache) \
             if n_parked else []
         self.pool = [_Row(j, [row_view(c, j) for c in self.pool_caches]) for j in range(n_parked)]
-        # where a row reading a prompt waits out a decode step (caches that need it)
+        # where a row reading a prompt waits out a decode step (only caches that need it have
+        # one: its presence is the test in _iteration)
         self.scratch_caches = [] if self.caches[0].ahead_is_harmless else \
             build_caches(model, 1, self.max_seq_length, self.make_cache)
         self.scratch = _Row(0, list(self.scratch_caches))
@@ -363,12 +364,12 @@ class Batcher:
         if midway is not None:
             self.stats["steps_beside_a_prompt"] += 1
             pos[midway.index] = len(midway.read)
-            if not self.caches[0].ahead_is_harmless:
+            if self.scratch_caches:
                 copy_row(midway.caches, self.scratch.caches)
         logits = self.step(self.model, self.caches,
                            torch.tensor(tokens, device=self.device).view(-1, 1),
                            torch.tensor(pos, device=self.device).view(-1, 1))
-        if midway is not None and not self.caches[0].ahead_is_harmless:
+        if midway is not None and self.scratch_caches:
             copy_row(self.scratch.caches, midway.caches)
         self.stats["steps"] += 1
         for row in readers:
