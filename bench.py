@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from engine.cli import (DTYPES, POLICY_OPTIONS, Parser, add_cache_arguments,
+from engine.cli import (CHECKPOINT_HELP, DTYPES, POLICY_OPTIONS, Parser, add_cache_arguments,
                         cache_factory_from_args, comma_list, list_caches, positive_int,
                         resolve_device, resolve_dtype, run)
 from core.errors import UserError
@@ -59,8 +59,7 @@ def int_list(what: str):
 def build_parser() -> Parser:
     # "resolve" lets --cache be re-declared to take a comma-separated list of policies.
     p = Parser(description=__doc__.splitlines()[0], conflict_handler="resolve")
-    p.add_argument("--checkpoint_path", default=None,
-                   help="engine checkpoint directory; default: the embedded SmolLM2-135M-Instruct")
+    p.add_argument("--checkpoint_path", default=None, help=CHECKPOINT_HELP)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="default: bfloat16 on CUDA, float32 on CPU")
@@ -517,7 +516,7 @@ def main(argv=None) -> None:
             raise UserError(f"--peer transformers needs the transformers package: "
                             f"{PEER_INSTALL}") from None
     from engine.checkpoint import load_model, read_config
-    from engine.default_model import default_checkpoint
+    from engine.default_model import resolve_checkpoint
     from engine.tokenizer import load_tokenizer
     from engine.tp import start as start_tp
 
@@ -526,7 +525,7 @@ def main(argv=None) -> None:
     tp = start_tp(device)  # under torchrun: figures are per rank (engine/tp.py)
     if tp and transformers is not None:
         raise UserError("--peer runs one process; run it without torchrun")
-    ckpt = Path(args.checkpoint_path) if args.checkpoint_path else default_checkpoint()
+    ckpt = resolve_checkpoint(args.checkpoint_path)
     cfg = read_config(ckpt)
     limit = cfg["model"]["max_position_embeddings"]
     too_long = [c for c in args.contexts if c + args.new_tokens + 1 > limit]

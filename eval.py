@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from core.errors import UserError
-from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
+from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_cache_arguments,
+                        cache_factory_from_args, cache_slots,
                         check_run_fits, comma_list, fit_cache_to_stream, list_caches,
                         positive_int, resolve_device, resolve_dtype, resolve_positions, run,
                         seed_int)
@@ -41,7 +42,7 @@ def add_text_arguments(p, what: str) -> None:
 
 
 def add_model_arguments(p) -> None:
-    p.add_argument("--checkpoint_path", default=None)
+    p.add_argument("--checkpoint_path", default=None, help=CHECKPOINT_HELP)
     p.add_argument("--dtype", choices=list(DTYPES), default=None)
     p.add_argument("--device", default=None)
     p.add_argument("--compile", action="store_true")
@@ -109,7 +110,7 @@ def ppl_main(args) -> None:
     from tqdm import tqdm
 
     from engine.checkpoint import load_model, model_args, read_config
-    from engine.default_model import default_checkpoint
+    from engine.default_model import resolve_checkpoint
     from caches import build_caches
     from engine.evaluation import (compile_step, encode_prefix, score_step, streaming_perplexity,
                                    warmup)
@@ -126,7 +127,7 @@ def ppl_main(args) -> None:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     tp = start_tp(device)  # under torchrun: this rank's share of the model (engine/tp.py)
-    ckpt = args.checkpoint_path or default_checkpoint()
+    ckpt = resolve_checkpoint(args.checkpoint_path)
     tokenizer = load_tokenizer(ckpt)
     ids = encode_prefix(tokenizer, text, args.max_tokens)
     if args.max_tokens is not None and len(ids) < args.max_tokens:

@@ -15,16 +15,15 @@ from pathlib import Path
 import torch
 
 from core.errors import UserError, as_flags
-from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
+from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_cache_arguments,
+                        cache_factory_from_args, cache_slots,
                         check_run_fits, fit_cache_to_stream, list_caches, non_negative_float,
                         open_checkpoint, positive_int, resolve_positions, round_up, run, seed_int)
 
 
 def build_parser() -> Parser:
     p = Parser(description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint_path", default=None,
-                   help="engine checkpoint directory (convert_hf.py output); default: the "
-                        "embedded SmolLM2-135M-Instruct")
+    p.add_argument("--checkpoint_path", default=None, help=CHECKPOINT_HELP)
     p.add_argument("--prompt", default="Hello, my name is")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--interactive", action="store_true",

@@ -7,24 +7,23 @@
 The new directory holds config.json (with "quantization": {"mode", "groupsize"}), the quantized
 model.safetensors and the source's tokenizer files; it appears whole or not at all.
 """
-from engine.cli import Parser, run
+from engine.cli import CHECKPOINT_HELP, Parser, run
 
 
 def main(argv=None) -> None:
     from engine.checkpoint import quantize_checkpoint
-    from engine.default_model import default_checkpoint
+    from engine.default_model import resolve_checkpoint
     from quantize.weights import GROUPSIZES, MODES
 
     p = Parser(description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint_path", default=None,
-                   help="float engine checkpoint directory (default: the embedded default model)")
+    p.add_argument("--checkpoint_path", default=None, help=CHECKPOINT_HELP)
     p.add_argument("--mode", choices=list(MODES), required=True)
     p.add_argument("--groupsize", type=int, choices=list(GROUPSIZES), default=None,
                    help="int4 only: input columns per scale/zero (default: 32, the most accurate)")
     p.add_argument("--out", default=None,
                    help="output directory (default: DIR-int8 or DIR-int4-gG next to DIR)")
     args = p.parse_args(argv)
-    out = quantize_checkpoint(args.checkpoint_path or default_checkpoint(), args.mode,
+    out = quantize_checkpoint(resolve_checkpoint(args.checkpoint_path), args.mode,
                               args.groupsize, args.out)
     print(f"wrote {out}")
 

@@ -15,7 +15,8 @@ import threading
 from pathlib import Path
 
 from core.errors import UserError
-from engine.cli import (DTYPES, Parser, add_cache_arguments, cache_factory_from_args, cache_slots,
+from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_cache_arguments,
+                        cache_factory_from_args, cache_slots,
                         check_run_fits, list_caches, open_checkpoint, positive_int,
                         resolve_positions, round_up, run, seed_int)
 
@@ -27,8 +28,7 @@ def non_negative_int(text: str) -> int:
 def build_parser() -> Parser:
     from engine.batcher import DEFAULT_PREFILL_TOKENS
     p = Parser(description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint_path", default=None,
-                   help="engine checkpoint directory; default: the embedded SmolLM2-135M-Instruct")
+    p.add_argument("--checkpoint_path", default=None, help=CHECKPOINT_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=positive_int, default=8000)
     p.add_argument("--model_name", default=None,

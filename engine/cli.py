@@ -11,6 +11,8 @@ import torch
 from core.errors import UserError, as_flags
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CHECKPOINT_HELP = ("engine checkpoint directory (convert_hf.py output) or an embedded model: "
+                   "smollm2-135m (the default), qwen2.5-coder-0.5b (converted on first use)")
 
 
 class Parser(argparse.ArgumentParser):
@@ -84,11 +86,11 @@ def open_checkpoint(args):
     """The device, dtype, checkpoint directory, its config and tokenizer that --device, --dtype
     and --checkpoint_path name (the embedded default model without one)."""
     from engine.checkpoint import read_config
-    from engine.default_model import default_checkpoint
+    from engine.default_model import resolve_checkpoint
     from engine.tokenizer import load_tokenizer
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    ckpt = args.checkpoint_path or default_checkpoint()
+    ckpt = resolve_checkpoint(args.checkpoint_path)
     cfg = read_config(ckpt)
     return device, dtype, ckpt, cfg, load_tokenizer(ckpt)
 

@@ -6,10 +6,12 @@ Sources:
   * a local HF directory: config.json + model.safetensors (or its sharded index), or
     pytorch_model.bin (or its sharded index); model_type llama, mistral or qwen2;
   * a hub repo id "org/name" that is not a local path: snapshot_download, then as above;
-  * a .gguf file whose general.architecture is "llama": every tensor is dequantized to float.
+  * a .gguf file whose general.architecture is "llama" or "qwen2" (GGUF_ARCHITECTURES): every
+    tensor is dequantized to float.
 
 HF q_proj/k_proj rows are already in the half-split RoPE layout model.py uses; llama.cpp stores
-attn_q/attn_k in Meta's interleaved layout, so GGUF Q/K rows are un-permuted here.
+llama's attn_q/attn_k in Meta's interleaved layout (un-permuted here) and qwen2's in the
+half-split one (taken as is).
 
 The output directory appears whole or not at all: everything is written into a hidden sibling
 directory that is renamed into place at the end and removed on any failure or Ctrl-C.
@@ -21,6 +23,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -440,10 +443,10 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.view(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
-def _gguf_rope_scaling(fields: dict, freqs: Optional[torch.Tensor], head_dim: int, theta: float,
-                       where: str) -> Optional[dict]:
-    kind = fields.get("llama.rope.scaling.type")
-    factor = fields.get("llama.rope.scaling.factor")
+def _gguf_rope_scaling(fields: dict, arch: str, freqs: Optional[torch.Tensor], head_dim: int,
+                       theta: float, where: str) -> Optional[dict]:
+    kind = fields.get(f"{arch}.rope.scaling.type")
+    factor = fields.get(f"{arch}.rope.scaling.factor")
     if kind not in (None, "none") and not (kind == "linear" and factor in (None, 1.0)):
         raise UserError(f"{where}: rope scaling type {kind!r} is not supported")
     if freqs is None:
@@ -452,12 +455,31 @@ def _gguf_rope_scaling(fields: dict, freqs: Optional[torch.Tensor], head_dim: in
     # parameters (Meta's defaults: low 1, high 4, original context 8192) and check them.
     scaling = {"factor": float(freqs.max()), "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings":
-                   int(fields.get("llama.rope.scaling.original_context_length") or 8192)}
+                   int(fields.get(f"{arch}.rope.scaling.original_context_length") or 8192)}
     plain = rope_frequencies(head_dim, theta, None)
     implied = plain / rope_frequencies(head_dim, theta, scaling)
     if freqs.shape != implied.shape or not torch.allclose(freqs.float(), implied, rtol=1e-3):
         raise UserError(f"{where}: rope_freqs does not match Llama-3.1 rope scaling; not supported")
     return scaling
+
+
+@dataclass(frozen=True)
+class GGUFArchitecture:
+    """How one llama.cpp architecture maps onto the engine's model (metadata keys are prefixed
+    with the architecture name; tensor names are llama.cpp's, shared by all of them)."""
+    # Row order of attn_q/attn_k (and their biases) as llama.cpp stores them: "interleaved" is
+    # Meta's RoPE layout (llama.cpp's convert permutes HF rows into it for LLAMA rope), un-permuted
+    # here; "half-split" is the NEOX layout of HF and model.py, taken as is. Getting it wrong is
+    # silent (a still-running, wrong model), so each architecture states it.
+    rope_rows: str
+    # Whether q/k/v carry biases: "required" (qwen2 always has them) or "optional" (llama may).
+    qkv_bias: str
+
+
+GGUF_ARCHITECTURES = {
+    "llama": GGUFArchitecture(rope_rows="interleaved", qkv_bias="optional"),
+    "qwen2": GGUFArchitecture(rope_rows="half-split", qkv_bias="required"),
+}
 
 
 def _convert_gguf(path: Path, out: Path, dtype: torch.dtype, log):
@@ -471,29 +493,33 @@ def _convert_gguf(path: Path, out: Path, dtype: torch.dtype, log):
     except Exception as e:  # bad magic, truncated file, ...
         raise UserError(f"cannot read {path} as GGUF: {e}") from None
     fields = {k: f.contents() for k, f in reader.fields.items()}
-    arch = fields.get("general.architecture")
-    if arch != "llama":
-        raise UserError(f"{path}: unsupported GGUF architecture {arch!r}; only 'llama' GGUF "
-                        f"files are supported")
+    name = fields.get("general.architecture")
+    arch = GGUF_ARCHITECTURES.get(name)
+    if arch is None:
+        raise UserError(f"{path}: unsupported GGUF architecture {name!r}; supported: "
+                        f"{', '.join(GGUF_ARCHITECTURES)}")
     where = str(path)
     tokenizer = prepare_gguf_tokenizer(fields, out)
 
     def meta(key, default=None, required=True):
-        v = fields.get(f"llama.{key}", default)
+        v = fields.get(f"{name}.{key}", default)
         if v is None and required:
-            raise UserError(f"{where}: missing metadata llama.{key}")
+            raise UserError(f"{where}: missing metadata {name}.{key}")
         return v
 
     raw = {t.name: t for t in reader.tensors}
 
-    def tensor(name: str) -> torch.Tensor:
-        if name not in raw:
-            raise UserError(f"{where}: missing tensor {name}")
-        t = raw.pop(name)
+    def tensor(tname: str) -> torch.Tensor:
+        if tname not in raw:
+            raise UserError(f"{where}: missing tensor {tname}")
+        t = raw.pop(tname)
         # dequantize returns float32 in numpy order: [out, in] for matrices (GGUF ne reversed).
         # (A plain ndarray view dequantizes ~2x faster than the reader's memmap.)
         data = gguf.quants.dequantize(t.data.view(np.ndarray), t.tensor_type)
         return torch.from_numpy(np.array(data, dtype=np.float32, order="C"))  # owned, writable
+
+    def rope_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
+        return _unpermute(w, heads) if arch.rope_rows == "interleaved" else w
 
     dim, n_head = int(meta("embedding_length")), int(meta("attention.head_count"))
     n_kv = int(meta("attention.head_count_kv", n_head))
@@ -507,15 +533,18 @@ def _convert_gguf(path: Path, out: Path, dtype: torch.dtype, log):
     freqs = tensor("rope_freqs.weight") if "rope_freqs.weight" in raw else None
     embed = tensor("token_embd.weight")
     tied = "output.weight" not in raw
+    bias = "blk.0.attn_q.bias" in raw
+    if arch.qkv_bias == "required" and not bias:
+        raise UserError(f"{where}: a {name} model has q/k/v biases; blk.0.attn_q.bias is missing")
     vocab = int(meta("vocab_size", None, False) or embed.shape[0])
     args = _make_args(dict(
         vocab_size=vocab, n_layer=int(meta("block_count")), dim=dim, n_head=n_head,
         n_kv_heads=n_kv, head_dim=head_dim, intermediate_size=int(meta("feed_forward_length")),
         norm_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-5)), rope_base=theta,
-        rope_scaling=_gguf_rope_scaling(fields, freqs, head_dim, theta, where),
-        tie_embeddings=tied, attention_bias="blk.0.attn_q.bias" in raw,
+        rope_scaling=_gguf_rope_scaling(fields, name, freqs, head_dim, theta, where),
+        tie_embeddings=tied, attention_bias=bias,
         max_position_embeddings=int(meta("context_length", 2048))), where)
-    log(f"converting {path} ({args.n_layer} layers, dim {dim}, dequantized) "
+    log(f"converting {path} ({name}, {args.n_layer} layers, dim {dim}, dequantized) "
         f"to {_dtype_name(dtype)}")
 
     state = {"tok_embeddings.weight": embed, "norm.weight": tensor("output_norm.weight")}
@@ -523,17 +552,18 @@ def _convert_gguf(path: Path, out: Path, dtype: torch.dtype, log):
         state["output.weight"] = tensor("output.weight")
     for i in range(args.n_layer):
         b, e = f"blk.{i}.", f"layers.{i}.attention."
-        q = _unpermute(tensor(b + "attn_q.weight"), n_head)
-        k = _unpermute(tensor(b + "attn_k.weight"), n_kv)
+        q = rope_rows(tensor(b + "attn_q.weight"), n_head)
+        k = rope_rows(tensor(b + "attn_k.weight"), n_kv)
         state[e + "wqkv.weight"] = torch.cat([q, k, tensor(b + "attn_v.weight")])
-        if args.attention_bias:  # llama.cpp permutes Q/K biases like their rows
-            qb = _unpermute(tensor(b + "attn_q.bias")[:, None], n_head)[:, 0]
-            kb = _unpermute(tensor(b + "attn_k.bias")[:, None], n_kv)[:, 0]
+        if args.attention_bias:  # biases are stored in their rows' layout
+            qb = rope_rows(tensor(b + "attn_q.bias")[:, None], n_head)[:, 0]
+            kb = rope_rows(tensor(b + "attn_k.bias")[:, None], n_kv)[:, 0]
             state[e + "wqkv.bias"] = torch.cat([qb, kb, tensor(b + "attn_v.bias")])
         for ours, theirs in GGUF_LAYER_NAMES.items():
             state[f"layers.{i}.{ours}"] = tensor(b + theirs)
     state = {k: t.to(dtype) for k, t in state.items()}
     if raw:
-        raise UserError(f"{where}: unexpected tensor {sorted(raw)[0]} for a plain llama model")
+        raise UserError(f"{where}: unexpected tensor {sorted(raw)[0]} for a plain {name} model "
+                        f"(e.g. q/k norms, which the engine does not have)")
     _check_state(state, args, where)
     return _engine_config(args, tokenizer), state

@@ -345,11 +345,11 @@ class Setup:
     def __init__(self, cfg_like):
         from engine.checkpoint import model_args, read_config
         from engine.cli import resolve_device, resolve_dtype
-        from engine.default_model import default_checkpoint
+        from engine.default_model import resolve_checkpoint
         from engine.tokenizer import load_tokenizer
         self.device = resolve_device(cfg_like.device)
         self.dtype = resolve_dtype(cfg_like.dtype, self.device)
-        self.checkpoint = str(cfg_like.checkpoint_path or default_checkpoint())
+        self.checkpoint = str(resolve_checkpoint(cfg_like.checkpoint_path))
         # The default model is keyed by name, not by where this machine keeps it, so a results
         # file carries over to another machine (or REGIONKV_HOME) and resumes there.
         self.checkpoint_key = cfg_like.checkpoint_path or f"default:{Path(self.checkpoint).name}"
