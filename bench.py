@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from engine.cli import (CHECKPOINT_HELP, DTYPES, POLICY_OPTIONS, Parser, add_cache_arguments,
+                        size_cache_from_mib,
                         cache_factory_from_args, comma_list, list_caches, positive_int,
                         resolve_device, resolve_dtype, run)
 from core.errors import UserError
@@ -83,9 +84,10 @@ def build_parser() -> Parser:
     return p
 
 
-def policy_factories(args, notes: list) -> dict:
+def policy_factories(args, notes: list, cfg: dict = None, dtype=None) -> dict:
     """policy -> (cache factory, settings): each cache flag goes to the policies it fits; a flag
-    that fits none of the listed policies is an error (the factory's own message)."""
+    that fits none of the listed policies is an error (the factory's own message). With the
+    model's config and dtype, --cache_mib sizes each policy."""
     from caches import POLICIES, policy_options
     if args.positions == "auto":  # every timed stream fits the model's context (main checks)
         args.positions = "original"
@@ -110,6 +112,8 @@ def policy_factories(args, notes: list) -> dict:
         for flag, ok in fits.items():
             if not ok(c):
                 setattr(ns, flag, defaults.get(flag))
+        if cfg is not None and c != "full":
+            size_cache_from_mib(ns, cfg, dtype)
         settings = {"cache_size": None if c == "full" else ns.cache_size,
                     "kv_middle": ns.kv_middle, "positions": ns.positions}
         out[c] = (cache_factory_from_args(ns), settings)
@@ -119,6 +123,8 @@ def policy_factories(args, notes: list) -> dict:
         ns.cache, ns.window, ns.kv_middle = "streaming", None, "model"
         for o in POLICY_OPTIONS:
             setattr(ns, o, None)
+        if cfg is not None:
+            size_cache_from_mib(ns, cfg, dtype)
         out["streaming"] = (cache_factory_from_args(ns), {
             "cache_size": ns.cache_size, "kv_middle": "model", "positions": ns.positions})
         notes.append("streaming added as the baseline of the per-policy bookkeeping cost "
@@ -507,7 +513,7 @@ def main(argv=None) -> None:
         print(list_caches())
         return
     notes = []
-    factories = policy_factories(args, notes)
+    policy_factories(args, [])  # bad cache flags fail before loading
     transformers = None
     if args.peer == "transformers":
         try:
@@ -527,6 +533,7 @@ def main(argv=None) -> None:
         raise UserError("--peer runs one process; run it without torchrun")
     ckpt = resolve_checkpoint(args.checkpoint_path)
     cfg = read_config(ckpt)
+    factories = policy_factories(args, notes, cfg, dtype)
     limit = cfg["model"]["max_position_embeddings"]
     too_long = [c for c in args.contexts if c + args.new_tokens + 1 > limit]
     if too_long:

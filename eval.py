@@ -22,7 +22,7 @@ from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_cache_arguments,
                         cache_factory_from_args, cache_slots,
                         check_run_fits, comma_list, fit_cache_to_stream, list_caches,
                         positive_int, resolve_device, resolve_dtype, resolve_positions, run,
-                        seed_int)
+                        seed_int, size_cache_from_mib)
 from engine.files import check_writable, write_atomic
 
 
@@ -137,6 +137,7 @@ def ppl_main(args) -> None:
         raise UserError(f"{source} has {len(ids)} token(s); perplexity needs at least 2")
     cfg = read_config(ckpt)
     context = model_args(cfg).max_position_embeddings
+    size_cache_from_mib(args, cfg, dtype)
     resolve_positions(args, len(ids), context)
     fit_cache_to_stream(args, 1, len(ids))  # tokens are scored one at a time
     make_cache = cache_factory_from_args(args, seed=args.seed)

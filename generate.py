@@ -18,7 +18,8 @@ from core.errors import UserError, as_flags
 from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_cache_arguments,
                         cache_factory_from_args, cache_slots,
                         check_run_fits, fit_cache_to_stream, list_caches, non_negative_float,
-                        open_checkpoint, positive_int, resolve_positions, round_up, run, seed_int)
+                        open_checkpoint, positive_int, resolve_positions, round_up, run, seed_int,
+                        size_cache_from_mib)
 
 
 def build_parser() -> Parser:
@@ -166,6 +167,7 @@ def main(argv=None) -> None:
     if tp and args.interactive:
         raise UserError("--interactive reads the terminal in one process; run it without torchrun")
     context = cfg["model"]["max_position_embeddings"]
+    size_cache_from_mib(args, cfg, dtype)
 
     text = args.prompt
     if args.chat:

@@ -18,7 +18,7 @@ from core.errors import UserError
 from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_cache_arguments,
                         cache_factory_from_args, cache_slots,
                         check_run_fits, list_caches, open_checkpoint, positive_int,
-                        resolve_positions, round_up, run, seed_int)
+                        resolve_positions, round_up, run, seed_int, size_cache_from_mib)
 
 
 def non_negative_int(text: str) -> int:
@@ -97,6 +97,7 @@ def main(argv=None) -> None:
 
     device, dtype, ckpt, cfg, tokenizer = open_checkpoint(args)
     context = cfg["model"]["max_position_embeddings"]
+    size_cache_from_mib(args, cfg, dtype)
     # Streams have no known length: a compressing cache rotates keys by rank (unbounded).
     positions = resolve_positions(args, None, context)
     make_cache = cache_factory_from_args(args, seed=args.seed or 0)

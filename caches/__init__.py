@@ -145,6 +145,82 @@ def cache_nbytes(args, batch_size: int, max_seq_length: int, dtype: torch.dtype,
     return sum(c.nbytes for c in caches) + rope.numel() * rope.element_size()
 
 
+def row_nbytes(make_cache, args, dtype: torch.dtype) -> int:
+    """One stream's cache bytes, as `cache_bytes` reports them: every layer's buffers (K/V,
+    statistics, index maps, INT8 scales), the shared RoPE table excluded."""
+    with torch.device("meta"):
+        rope = torch.empty(1, args.head_dim // 2, 2)
+        return sum(make_cache(1, args.n_kv_heads, args.head_dim, 1, dtype, rope, layer_id=i).nbytes
+                   for i in range(args.n_layer))
+
+
+def fit_to_bytes(name: str, budget: int, args, dtype: torch.dtype, *, sink=None, window=None,
+                 **settings) -> tuple[int, int, int]:
+    """(sink, window, middle) of the largest cache of policy `name` whose row_nbytes fit in
+    `budget` bytes for a model of shape `args` in `dtype` (settings: kv_middle, chunk and the
+    policy's options, as make_cache_factory takes them).
+
+    The default split's proportions scale until one more token would not fit; then the middle
+    alone takes what is left, so one more middle token would not fit either (an INT8 middle,
+    cheaper per token, ends up longer). A given `window` (and sink) stays fixed and the middle
+    takes the whole budget. UserError when even the smallest cache does not fit."""
+    if name == "full" or name == "quantized":
+        raise UserError(f"`cache_mib` sizes a policy with a token budget; {name} keeps every "
+                        f"token, so its bytes follow the stream's length (`max_seq_length`)")
+    settings = dict(settings, positions="original")  # rank positions change no buffer
+    if window is None:  # settings that no size makes valid fail here, with their own message
+        make_cache_factory(name, cache_size=DEFAULT_CACHE_SIZE, sink=sink, **settings)
+
+    def nbytes(size, s, w):
+        try:
+            factory = make_cache_factory(name, cache_size=size, sink=s, window=w, **settings)
+        except UserError:
+            return None  # no valid split at this size
+        return row_nbytes(factory, args, dtype)
+
+    def largest(lo: int, fits) -> int:
+        """The largest n >= lo with fits(n), given fits(lo) and a monotone fits."""
+        hi = lo + 1
+        while fits(hi):
+            lo, hi = hi, 2 * hi
+            if hi > 1 << 24:  # a cache whose bytes do not grow with its budget
+                raise UserError(f"{name}'s bytes do not follow its budget; size it in tokens")
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    has_middle = POLICIES[name].has_middle
+    if window is None:
+        smallest = next((n for n in range(2, 4097) if nbytes(n, sink, None) is not None), None)
+        if smallest is None:
+            region_sizes(name, 2, sink, None)  # raises the reason
+        need = nbytes(smallest, sink, None)
+        if need > budget:
+            raise UserError(f"`cache_mib` {budget / 2**20:.4g} is too small for {name}: its "
+                            f"smallest cache ({smallest} tokens) takes {need / 2**20:.3f} MiB; "
+                            f"give at least that")
+        size = largest(smallest, lambda n: (b := nbytes(n, sink, None)) is not None
+                       and b <= budget)
+        sink, window, middle = region_sizes(name, size, sink, None)
+        if not has_middle:
+            return sink, window, 0
+    elif not has_middle:
+        raise UserError(f"`cache_mib` sizes {name}'s window; drop `window`")
+    else:
+        sink = DEFAULT_SINK if sink is None else sink
+        need = nbytes(sink + window + 1, sink, window)
+        if need is None or need > budget:
+            region_sizes(name, sink + window + 1, sink, window)  # a bad split names itself
+            raise UserError(f"`cache_mib` {budget / 2**20:.4g} is too small for {name} with sink "
+                            f"{sink} and window {window}: a middle of 1 takes "
+                            f"{need / 2**20:.3f} MiB; give at least that or a smaller window")
+        middle = 1
+    middle = largest(middle, lambda m: (b := nbytes(sink + window + m, sink, window)) is not None
+                     and b <= budget)
+    return sink, window, middle
+
+
 def build_caches(model, batch_size: int, max_seq_length: int, make_cache=None) -> nn.ModuleList:
     """One cache per layer of `model`, on its device and in its dtype, for batch_size streams of
     up to max_seq_length positions (the RoPE table's length). Allocated once, here, after
@@ -166,4 +242,5 @@ def build_caches(model, batch_size: int, max_seq_length: int, make_cache=None) -
 
 
 __all__ = ["KVCache", "RegionCache", "FullCache", "POLICIES", "make_cache_factory", "describe",
-           "policy_options", "region_sizes", "build_caches", "cache_nbytes", "CacheFactory"]
+           "policy_options", "region_sizes", "build_caches", "cache_nbytes", "CacheFactory",
+           "row_nbytes", "fit_to_bytes"]

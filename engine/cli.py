@@ -53,6 +53,13 @@ def finite_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    value = finite_float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     value = finite_float(text)
     if not value >= 0:
@@ -123,6 +130,11 @@ def add_cache_arguments(p) -> None:
     p.add_argument("--list_caches", action="store_true", help="list the cache policies and exit")
     p.add_argument("--cache_size", type=positive_int, default=DEFAULT_CACHE_SIZE,
                    help="retained tokens (sink + middle + window) of a compressing policy")
+    p.add_argument("--cache_mib", type=positive_float, default=None,
+                   help="size a compressing policy by memory instead: the largest regions whose "
+                        "bytes (one stream, every layer) fit in this many MiB, keeping the "
+                        "default split's proportions (or the given --sink/--window), the "
+                        "middle taking what is left; overrides --cache_size")
     p.add_argument("--sink", type=int, default=None, help="sink tokens (default 4)")
     p.add_argument("--window", type=int, default=None,
                    help="window tokens (default cache_size // 2 - sink; streaming/cam: "
@@ -150,6 +162,24 @@ POLICY_OPTIONS = ("forgetting_factor", "merge_span", "lag", "lag_keep_ratio")
 
 def round_up(n: int, multiple: int = 64) -> int:
     return -(-n // multiple) * multiple
+
+
+def size_cache_from_mib(args, cfg: dict, dtype) -> None:
+    """--cache_mib: the regions caches.fit_to_bytes chooses for this model and dtype become
+    --cache_size/--sink/--window (said on stderr); nothing without --cache_mib."""
+    from caches import DEFAULT_CHUNK, fit_to_bytes
+    from engine.checkpoint import model_args
+    if getattr(args, "cache_mib", None) is None:
+        return
+    options = {o: getattr(args, o) for o in POLICY_OPTIONS if getattr(args, o) is not None}
+    sink, window, middle = fit_to_bytes(
+        args.cache, int(args.cache_mib * 2**20), model_args(cfg), dtype, sink=args.sink,
+        window=args.window, kv_middle=args.kv_middle, chunk=args.prefill_chunk or DEFAULT_CHUNK,
+        **options)
+    print(f"note: --cache_mib {args.cache_mib:g}: {args.cache} holds {sink + window + middle} "
+          f"tokens (sink {sink}, window {window}, middle {middle})", file=sys.stderr)
+    args.cache_size, args.sink, args.window, args.cache_mib = sink + window + middle, sink, \
+        window, None
 
 
 def fit_cache_to_stream(args, prompt_tokens: int, stream_tokens: int) -> None:

@@ -14,7 +14,10 @@ Config (TOML or JSON), every key optional except `policies` and `corpora`:
     dtype = "float32"   device = "cpu"   compile = true   seed = 0
     max_tokens = 4000               # tokens per corpus (max_tokens - 1 scored)
     corpora = ["wiki", "kjv"]       # data/corpora/NAME.txt (corpus_dir = "..." to move it)
-    cache_sizes = [256, 1024]       # `full` runs once per corpus, whatever the sizes
+    cache_sizes = [256, 1024]       # `full` runs once per corpus, whatever the sizes; a size
+                                    # "6.45MiB" is a memory budget (caches.fit_to_bytes: the
+                                    # largest regions whose bytes fit), measured in
+    size_dtype = "bfloat16"         # this dtype's bytes (default: the run's dtype)
     policies = ["full", "weightedkv", "weightedkv+int8", {cache = "a2sf", forgetting_factor = 0.1}]
     curve_policies = ["weightedkv", "weightedkv-evict", "full"]
     [passkey]                       # optional
@@ -40,7 +43,8 @@ from engine.files import check_writable, write_atomic
 POLICY_KEYS = ("kv_middle", "positions", "sink", "window", "prefill_chunk", "forgetting_factor",
                "merge_span", "lag", "lag_keep_ratio")
 TOP_KEYS = ("out_dir", "checkpoint_path", "dtype", "device", "compile", "seed", "max_tokens",
-            "corpora", "corpus_dir", "cache_sizes", "policies", "curve_policies", "passkey")
+            "corpora", "corpus_dir", "cache_sizes", "size_dtype", "policies", "curve_policies",
+            "passkey")
 PASSKEY_KEYS = ("corpus", "text_file", "lengths", "depths", "trials", "seed", "cache_sizes",
                 "policies", "new_tokens", "batch_size")
 DEFAULT_CURVE_POLICIES = ("weightedkv", "weightedkv-evict", "full")
@@ -65,9 +69,26 @@ class PolicySpec:
     def is_full(self) -> bool:
         return self.cache == "full"
 
-    def factory(self, cache_size: Optional[int], seed: int = 0):
+    def regions(self, size, shape) -> tuple:
+        """(cache_size, sink, window) of a budget: tokens as given, or a "NMiB" budget sized by
+        caches.fit_to_bytes for shape = (model args, dtype whose bytes count)."""
+        opts = dict(self.options)
+        if not isinstance(size, str):
+            return size, opts.get("sink"), opts.get("window")
+        from caches import DEFAULT_CHUNK, fit_to_bytes
+        if shape is None:
+            raise UserError(f"policy {self.label}: a budget in MiB needs the model's shape")
+        chunk = opts.pop("prefill_chunk", DEFAULT_CHUNK)
+        opts.pop("positions", None)
+        sink, window, middle = fit_to_bytes(self.cache, int(mib_budget(size) * 2**20), *shape,
+                                            chunk=chunk, **opts)
+        return sink + window + middle, sink, window
+
+    def factory(self, cache_size, seed: int = 0, shape=None):
         from caches import DEFAULT_CHUNK, make_cache_factory
         opts = dict(self.options)
+        if cache_size is not None and not self.is_full:
+            cache_size, opts["sink"], opts["window"] = self.regions(cache_size, shape)
         common = dict(kv_middle=opts.pop("kv_middle", "model"),
                       positions=opts.pop("positions", "original"))
         if self.is_full:
@@ -81,11 +102,23 @@ class PolicySpec:
                                   chunk=opts.pop("prefill_chunk", DEFAULT_CHUNK), seed=seed,
                                   **common, **opts)
 
-    def slots(self, cache_size: int) -> int:
+    def slots(self, cache_size, shape=None) -> int:
         """Slots the cache holds (budget + prefill staging + spare): the RoPE table must cover
         them in --positions cache mode."""
         from caches import DEFAULT_CHUNK
-        return cache_size + dict(self.options).get("prefill_chunk", DEFAULT_CHUNK) + 1
+        tokens = self.regions(cache_size, shape)[0]
+        return tokens + dict(self.options).get("prefill_chunk", DEFAULT_CHUNK) + 1
+
+
+def mib_budget(size) -> Optional[float]:
+    """6.45 for a size "6.45MiB", None for a size in tokens."""
+    if isinstance(size, str) and size.endswith("MiB"):
+        try:
+            value = float(size[:-3])
+        except ValueError:
+            return None
+        return value if math.isfinite(value) and value > 0 else None
+    return None
 
 
 def parse_policy(entry, where: str) -> PolicySpec:
@@ -141,6 +174,7 @@ class SweepConfig:
     max_tokens: int = 4000
     checkpoint_path: Optional[str] = None
     dtype: Optional[str] = None
+    size_dtype: Optional[str] = None
     device: Optional[str] = None
     compile: bool = False
     seed: int = 0
@@ -165,6 +199,16 @@ def _pos_int(value, where, key, minimum=1) -> int:
     _check(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, where,
            f"{key} must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+def _sizes(value, where, key) -> list:
+    """Token budgets (integers >= 2) and memory budgets ("6.45MiB")."""
+    _check(isinstance(value, list) and value and all(
+        (isinstance(v, int) and not isinstance(v, bool) and v >= 2) or mib_budget(v) is not None
+        for v in value) and len(set(value)) == len(value),
+        where, f"{key} must be a list of distinct token budgets (integers >= 2) or memory "
+               f"budgets like \"6.45MiB\", got {value!r}")
+    return list(value)
 
 
 def _policies(value, where) -> list:
@@ -208,17 +252,18 @@ def load_config(path, out_dir=None) -> SweepConfig:
                                               or Path("results") / path.stem),
                       policies=_policies(raw["policies"], where), corpora=list(corpora))
     if "cache_sizes" in raw:
-        cfg.cache_sizes = _int_list(raw["cache_sizes"], where, "cache_sizes", 2)
+        cfg.cache_sizes = _sizes(raw["cache_sizes"], where, "cache_sizes")
     if "max_tokens" in raw:
         cfg.max_tokens = _pos_int(raw["max_tokens"], where, "max_tokens", 2)
     for key in ("checkpoint_path", "device", "corpus_dir"):
         if key in raw:
             _check(isinstance(raw[key], str), where, f"{key} must be a string")
             setattr(cfg, key, raw[key])
-    if "dtype" in raw:
-        _check(raw["dtype"] in DTYPES, where, f"dtype must be one of {', '.join(DTYPES)}, "
-                                              f"got {raw['dtype']!r}")
-        cfg.dtype = raw["dtype"]
+    for key in ("dtype", "size_dtype"):
+        if key in raw:
+            _check(raw[key] in DTYPES, where, f"{key} must be one of {', '.join(DTYPES)}, "
+                                              f"got {raw[key]!r}")
+            setattr(cfg, key, raw[key])
     if "compile" in raw:
         _check(isinstance(raw["compile"], bool), where, "compile must be true or false")
         cfg.compile = raw["compile"]
@@ -228,10 +273,12 @@ def load_config(path, out_dir=None) -> SweepConfig:
         cfg.curve_policies = [parse_policy(p, where).label for p in raw["curve_policies"]]
     if "passkey" in raw:
         cfg.passkey = _passkey_config(raw["passkey"], cfg, f"{where} [passkey]")
-    # Every (policy, size) must build before anything runs: a bad cell fails now, not in hour 3.
+    # Every (policy, size) must build before anything runs: a bad cell fails now, not in hour 3
+    # (budgets in MiB need the model's shape: run_sweep checks them before the first cell).
     for spec in cfg.policies:
         for size in cfg.cache_sizes:
-            spec.factory(size, cfg.seed)
+            if not isinstance(size, str):
+                spec.factory(size, cfg.seed)
     return cfg
 
 
@@ -353,7 +400,8 @@ class Setup:
         # The default model is keyed by name, not by where this machine keeps it, so a results
         # file carries over to another machine (or REGIONKV_HOME) and resumes there.
         self.checkpoint_key = cfg_like.checkpoint_path or f"default:{Path(self.checkpoint).name}"
-        self.context = model_args(read_config(self.checkpoint)).max_position_embeddings
+        self.args = model_args(read_config(self.checkpoint))
+        self.context = self.args.max_position_embeddings
         self.tokenizer = load_tokenizer(self.checkpoint)
         self._model = None
 
@@ -408,13 +456,23 @@ def run_sweep(cfg: SweepConfig) -> dict:
         if cfg.max_tokens > env.context and (spec.is_full or positions == "original"):
             raise UserError(f"max_tokens {cfg.max_tokens} exceeds the model's context of "
                             f"{env.context} for {spec.label}; lower max_tokens")
+    from engine.cli import DTYPES
+    size_dtype = DTYPES[cfg.size_dtype] if cfg.size_dtype else env.dtype
+    shape = (env.args, size_dtype)
+    for spec in cfg.policies:  # memory budgets: each fits its policy, or fails now
+        for size in cfg.cache_sizes:
+            if isinstance(size, str) and not spec.is_full:
+                spec.factory(size, cfg.seed, shape)
     done = store.done()
     base = env.base_key(cfg.compile, cfg.seed)
 
     def cell_key(spec, size, corpus):
-        return {**base, "kind": "ppl", "max_tokens": cfg.max_tokens, "corpus": corpus,
-                "ids_sha1": ids_sha1(streams[corpus]), "policy": spec.cache,
-                "options": dict(spec.options), "cache_size": size}
+        key = {**base, "kind": "ppl", "max_tokens": cfg.max_tokens, "corpus": corpus,
+               "ids_sha1": ids_sha1(streams[corpus]), "policy": spec.cache,
+               "options": dict(spec.options), "cache_size": size}
+        if isinstance(size, str):  # a memory budget: the dtype its bytes are counted in
+            key["size_dtype"] = str(size_dtype).removeprefix("torch.")
+        return key
 
     groups = []  # (spec, size, corpora still to run)
     for spec in cfg.policies:
@@ -432,8 +490,8 @@ def run_sweep(cfg: SweepConfig) -> dict:
         model = env.model
         name = spec.label + ("" if size is None else f"@{size}")
         caches = build_caches(model, len(todo), max(cfg.max_tokens, 0 if size is None
-                                                    else spec.slots(size)),
-                              spec.factory(size, cfg.seed))
+                                                    else spec.slots(size, shape)),
+                              spec.factory(size, cfg.seed, shape))
         step, compile_s = score_step, 0.0
         if cfg.compile:
             _reset_compiler()
@@ -456,6 +514,7 @@ def run_sweep(cfg: SweepConfig) -> dict:
             row = {"key": cell_key(spec, size, corpus), "label": spec.label,
                    "policy": spec.cache, "cache_size": size, "corpus": corpus,
                    "nll": r.nll, "ppl": r.ppl, "tokens": r.tokens, "cache_bytes": nbytes,
+                   "regions": [getattr(caches[0], a, None) for a in ("sink", "window", "middle")],
                    "tokens_per_s": r.tokens * len(todo) / r.seconds,
                    "stream_tokens_per_s": r.tokens_per_s, "batch": len(todo),
                    "seconds": r.seconds, "compile_s": compile_s,

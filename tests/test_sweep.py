@@ -196,3 +196,33 @@ def test_shipped_configs_are_valid():
     assert grid.passkey.policies == grid.policies and grid.passkey.cache_sizes == [256, 1024]
     tiny = load_config(ROOT / "configs" / "tiny.toml", out_dir="elsewhere")
     assert str(tiny.out_dir) == "elsewhere" and tiny.passkey.cache_sizes == [64]
+
+
+def test_sweep_memory_budgets(tmp_path, tiny_checkpoint, corpora):
+    """A size "NMiB" is a memory budget: each policy gets the largest regions whose bytes (in
+    size_dtype) fit, and the cells key, record and render by the budget."""
+    path = write_config(tmp_path, tiny_checkpoint, corpora, cache_sizes=[16, "0.02MiB"],
+                        size_dtype="bfloat16", passkey={"corpus": "gen1", "lengths": [96],
+                                                        "trials": 1, "cache_sizes": [16],
+                                                        "policies": ["weightedkv"]},
+                        policies=["full", "streaming", "weightedkv", "weightedkv+int8"])
+    cfg = load_config(path)
+    assert run_sweep(cfg)["cells_run"] == 2 + 3 * 2 * 2
+    rows = {(r["label"], r["cache_size"], r["corpus"]): r
+            for r in ResultStore(cfg.out_dir / "results.jsonl").rows() if r.get("kind") != "run"
+            and r["key"]["kind"] == "ppl"}
+    budget = 0.02 * 2**20
+    plain, int8 = rows[("weightedkv", "0.02MiB", "gen1")], rows[("weightedkv+int8", "0.02MiB",
+                                                                  "gen1")]
+    assert plain["key"]["size_dtype"] == "bfloat16" and "size_dtype" not in \
+        rows[("weightedkv", 16, "gen1")]["key"]
+    # float32 run, bfloat16 budget: the bytes held are twice the budget's bfloat16 bytes at most
+    assert plain["cache_bytes"] <= 2 * budget and int8["cache_bytes"] <= 2 * budget
+    assert sum(int8["regions"]) > sum(plain["regions"]) > 16
+    assert rows[("streaming", "0.02MiB", "gen2")]["regions"][2] == 0
+    report = (cfg.out_dir / "report.md").read_text()
+    assert "gen1 0.02MiB ppl" in report
+    fails = write_config(tmp_path, tiny_checkpoint, corpora, cache_sizes=["0.0001MiB"],
+                         passkey={"corpus": "gen1", "lengths": [96], "cache_sizes": [16]})
+    with pytest.raises(UserError, match="too small for streaming"):
+        run_sweep(load_config(fails))
