@@ -164,7 +164,7 @@ def fit_to_bytes(name: str, budget: int, args, dtype: torch.dtype, *, sink=None,
     alone takes what is left, so one more middle token would not fit either (an INT8 middle,
     cheaper per token, ends up longer). A given `window` (and sink) stays fixed and the middle
     takes the whole budget. UserError when even the smallest cache does not fit."""
-    if name == "full" or name == "quantized":
+    if POLICIES[name].keeps_every_token:
         raise UserError(f"`cache_mib` sizes a policy with a token budget; {name} keeps every "
                         f"token, so its bytes follow the stream's length (`max_seq_length`)")
     settings = dict(settings, positions="original")  # rank positions change no buffer

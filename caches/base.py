@@ -31,6 +31,7 @@ class KVCache(nn.Module):
     has_middle = False
     prefill_chunk = None  # None: any prompt length in one call; N: feed prompts N tokens at a time
     unbounded = False     # True: positions never run out (keys rotate by rank in the cache)
+    keeps_every_token = False  # True: no token budget (full, quantized): bytes follow the stream
     ahead_is_harmless = False  # True: a step at a position the stream has not reached yet
     #                            changes nothing the stream reads (continuous batching relies on it)
     description = ""      # one line for --list_caches

@@ -25,6 +25,7 @@ class FullCache(KVCache):
     # A token written ahead of the stream is overwritten before any query of the stream
     # reaches its position; commit does nothing.
     ahead_is_harmless = True
+    keeps_every_token = True
 
     def __init__(self, batch_size: int, n_kv_heads: int, head_dim: int, max_seq_length: int,
                  dtype: torch.dtype, rope: Tensor, layer_id: int = 0):

@@ -69,6 +69,16 @@ class PolicySpec:
     def is_full(self) -> bool:
         return self.cache == "full"
 
+    def sizes(self, sizes: list) -> list:
+        """The budgets this policy runs at: `full` once (None), a policy that keeps every token
+        (quantized) at token budgets only (it has no regions for a memory budget to size)."""
+        from caches import POLICIES
+        if self.is_full:
+            return [None]
+        if POLICIES[self.cache].keeps_every_token:
+            return [s for s in sizes if not isinstance(s, str)]
+        return list(sizes)
+
     def regions(self, size, shape) -> tuple:
         """(cache_size, sink, window) of a budget: tokens as given, or a "NMiB" budget sized by
         caches.fit_to_bytes for shape = (model args, dtype whose bytes count)."""
@@ -301,8 +311,8 @@ def _passkey_config(raw, cfg: SweepConfig, where: str) -> PasskeyConfig:
     _check(("corpus" in raw) != ("text_file" in raw), where, "give one of corpus or text_file")
     pk.corpus, pk.text_file = raw.get("corpus"), raw.get("text_file")
     pk.policies = _policies(raw["policies"], where) if "policies" in raw else cfg.policies
-    pk.cache_sizes = (_int_list(raw["cache_sizes"], where, "cache_sizes", 2)
-                      if "cache_sizes" in raw else cfg.cache_sizes)
+    pk.cache_sizes = (_int_list(raw["cache_sizes"], where, "cache_sizes", 2) if "cache_sizes"
+                      in raw else [s for s in cfg.cache_sizes if not isinstance(s, str)])
     for spec in pk.policies:
         for size in pk.cache_sizes:
             spec.factory(size, cfg.seed)
@@ -460,8 +470,8 @@ def run_sweep(cfg: SweepConfig) -> dict:
     size_dtype = DTYPES[cfg.size_dtype] if cfg.size_dtype else env.dtype
     shape = (env.args, size_dtype)
     for spec in cfg.policies:  # memory budgets: each fits its policy, or fails now
-        for size in cfg.cache_sizes:
-            if isinstance(size, str) and not spec.is_full:
+        for size in spec.sizes(cfg.cache_sizes):
+            if isinstance(size, str):
                 spec.factory(size, cfg.seed, shape)
     done = store.done()
     base = env.base_key(cfg.compile, cfg.seed)
@@ -476,12 +486,12 @@ def run_sweep(cfg: SweepConfig) -> dict:
 
     groups = []  # (spec, size, corpora still to run)
     for spec in cfg.policies:
-        for size in ([None] if spec.is_full else cfg.cache_sizes):
+        for size in spec.sizes(cfg.cache_sizes):
             todo = [c for c in cfg.corpora if key_id(cell_key(spec, size, c)) not in done]
             if todo:
                 groups.append((spec, size, todo))
     n_cells = sum(len(g[2]) for g in groups)
-    skipped = sum(len(cfg.corpora) * (1 if s.is_full else len(cfg.cache_sizes))
+    skipped = sum(len(cfg.corpora) * len(s.sizes(cfg.cache_sizes))
                   for s in cfg.policies) - n_cells
     _log(f"sweep {cfg.path.name}: {n_cells} cell(s) to run, {skipped} already in {store.path}")
 

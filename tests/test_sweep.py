@@ -185,15 +185,32 @@ def test_passkey_cli(tmp_path, tiny_checkpoint, corpora, capsys):
 
 
 def test_shipped_configs_are_valid():
-    from conftest import ROOT
+    import torch
+
+    from caches import POLICIES, fit_to_bytes
+    from conftest import ROOT, tiny_args
+    from engine.sweep import mib_budget
     grid = load_config(ROOT / "configs" / "results.toml")
-    assert [s.label for s in grid.policies] == [
-        "full", "streaming", "h2o", "tova", "a2sf", "cam", "weightedkv", "weightedkv-evict",
-        "lagkv", "quantized", "weightedkv+int8"]
-    assert grid.cache_sizes == [256, 1024] and grid.corpora == ["wiki", "kjv"]
-    assert grid.max_tokens == 4000 and grid.dtype == "float32" and grid.compile
+    qwen = load_config(ROOT / "configs" / "qwen.toml")
+    for cfg, shape in ((grid, dict(n_layer=30, n_head=9, n_kv_heads=3, head_dim=64)),
+                       (qwen, dict(n_layer=24, n_head=14, n_kv_heads=2, head_dim=64))):
+        labels = [s.label for s in cfg.policies]
+        # every policy, and every one with a token-budgeted middle in INT8 too
+        assert set(POLICIES) <= set(labels)
+        assert {f"{p}+int8" for p, c in POLICIES.items() if c.has_middle
+                and not c.keeps_every_token} <= set(labels)
+        assert cfg.max_tokens == 4000 and cfg.dtype == "float32" and cfg.compile
+        assert cfg.corpora == ["wiki", "kjv"] and cfg.size_dtype == "bfloat16"
+        # The equal-bytes budget is what streaming takes at 256 tokens in bfloat16: it gives
+        # streaming exactly 256 back on that model's shape.
+        (mib,) = [mib_budget(s) for s in cfg.cache_sizes if isinstance(s, str)]
+        assert sum(fit_to_bytes("streaming", int(mib * 2**20), tiny_args(**shape),
+                                torch.bfloat16)) == 256
+    assert grid.cache_sizes == [256, 1024, "6.45MiB"] and qwen.checkpoint_path == \
+        "qwen2.5-coder-0.5b"
     assert grid.passkey.lengths == [1024, 2048, 4096] and grid.passkey.depths == [0.1, 0.5, 0.9]
-    assert grid.passkey.policies == grid.policies and grid.passkey.cache_sizes == [256, 1024]
+    assert {"knorm", "keydiff", "weightedkv"} <= {s.label for s in grid.passkey.policies}
+    assert grid.passkey.cache_sizes == [256, 1024]
     tiny = load_config(ROOT / "configs" / "tiny.toml", out_dir="elsewhere")
     assert str(tiny.out_dir) == "elsewhere" and tiny.passkey.cache_sizes == [64]
 
