@@ -183,8 +183,9 @@ def fit_to_bytes(name: str, budget: int, args, dtype: torch.dtype, *, sink=None,
         hi = lo + 1
         while fits(hi):
             lo, hi = hi, 2 * hi
-            if hi > 1 << 24:  # a cache whose bytes do not grow with its budget
-                raise UserError(f"{name}'s bytes do not follow its budget; size it in tokens")
+            if hi > 1 << 24:
+                raise UserError(f"`cache_mib` {budget / 2**20:.4g} is more than any {name} "
+                                f"cache needs (over {1 << 24} tokens); give a smaller budget")
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)

@@ -85,10 +85,11 @@ FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr),
                    st.floats(-2, 3).map(str), st.sampled_from(["", "nan", "-inf", "1,5", "0x10"]))
 WORDS = st.one_of(st.text(max_size=12), st.sampled_from(["", "full", "h2o", "int8", "cache"]))
 POLICY = st.sampled_from(["full", "streaming", "quantized", "h2o", "tova", "a2sf", "weightedkv",
-                          "weightedkv-evict", "cam", "lagkv", "nope", ""])
+                          "weightedkv-evict", "cam", "lagkv", "knorm", "keydiff", "nope", ""])
 CACHE_FLAGS = {
     "--cache": POLICY,
     "--cache_size": ints(-3, 300, huge=(0, 1, 2, 10**8, 10**12)),
+    "--cache_mib": st.one_of(FLOATS, st.sampled_from(["0.01", "0.3", "1e9", "1e300"])),
     "--sink": ints(-3, 40),
     "--window": ints(-3, 300, huge=(0, 10**9)),
     "--kv_middle": st.sampled_from(["model", "int8", "fp4", ""]),
