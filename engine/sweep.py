@@ -440,7 +440,8 @@ def run_sweep(cfg: SweepConfig) -> dict:
     from tqdm import tqdm
 
     from caches import build_caches
-    from engine.evaluation import (batched_streaming_perplexity, compile_step, corpus_path,
+    from engine.evaluation import (batched_full_perplexity, batched_streaming_perplexity,
+                                   compile_step, corpus_path,
                                    downsample_curve, encode_prefix, read_text, score_step,
                                    warmup)
 
@@ -503,7 +504,7 @@ def run_sweep(cfg: SweepConfig) -> dict:
                                                     else spec.slots(size, shape)),
                               spec.factory(size, cfg.seed, shape))
         step, compile_s = score_step, 0.0
-        if cfg.compile:
+        if cfg.compile and not spec.is_full:  # full is scored by causal chunks, uncompiled
             _reset_compiler()
             step = compile_step(score_step, model, caches)
             compile_s = warmup(model, caches, step, len(todo))
@@ -516,8 +517,12 @@ def run_sweep(cfg: SweepConfig) -> dict:
                 bar.update(n - bar.n)
                 bar.set_postfix(ppl=f"{math.exp(nlls.mean().item()):.2f}")
 
-        results = batched_streaming_perplexity(model, caches, [streams[c] for c in todo], step,
-                                               progress)
+        if spec.is_full:
+            results = batched_full_perplexity(model, caches, [streams[c] for c in todo],
+                                              progress=progress)
+        else:
+            results = batched_streaming_perplexity(model, caches, [streams[c] for c in todo],
+                                                   step, progress)
         bar.close()
         nbytes = sum(c.nbytes for c in caches) // len(todo)
         for corpus, r in zip(todo, results):

@@ -9,8 +9,8 @@ from caches import FullCache, build_caches, make_cache_factory
 from conftest import DATA, ROOT, run_cli, tiny_model
 from engine.checkpoint import load_model
 from core.errors import UserError
-from engine.evaluation import (CORPUS_NAMES, batched_streaming_perplexity, encode_prefix,
-                               streaming_perplexity)
+from engine.evaluation import (CORPUS_NAMES, batched_full_perplexity,
+                               batched_streaming_perplexity, encode_prefix, streaming_perplexity)
 from engine.tokenizer import load_tokenizer
 
 
@@ -56,6 +56,22 @@ def test_batched_streams_score_as_they_would_alone(policy, options):
         assert got.tokens == alone.tokens == 71
     # the rows differ (no row leaked into another)
     assert len({round(r.nll, 4) for r in batched}) == 3
+
+
+def test_full_cache_by_causal_chunks_scores_as_the_token_loop(model_and_ids):
+    """The sweep scores `full` by causal chunks: the same NLLs as the token-by-token loop, for
+    every token, across chunk boundaries (chunk 32 over 80 tokens, batch 2)."""
+    model, ids = model_and_ids
+    streams = [ids[:80], ids[40:120]]
+    loop = batched_streaming_perplexity(model, build_caches(model, 2, 96), streams)
+    chunked = batched_full_perplexity(model, build_caches(model, 2, 96), streams, chunk=32)
+    for a, b in zip(loop, chunked):
+        assert b.tokens == a.tokens == 79
+        assert max(abs(x - y) for x, y in zip(a.nlls, b.nlls)) < 1e-4
+        assert abs(a.nll - b.nll) < 1e-5 and len(b.curve) == 79
+    with pytest.raises(ValueError, match="keep every token"):
+        batched_full_perplexity(model, build_caches(model, 2, 96, make_cache_factory(
+            "streaming", cache_size=32)), streams)
 
 
 def test_batched_streams_must_have_equal_length():
