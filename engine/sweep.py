@@ -529,7 +529,8 @@ def run_sweep(cfg: SweepConfig) -> dict:
             row = {"key": cell_key(spec, size, corpus), "label": spec.label,
                    "policy": spec.cache, "cache_size": size, "corpus": corpus,
                    "nll": r.nll, "ppl": r.ppl, "tokens": r.tokens, "cache_bytes": nbytes,
-                   "regions": [getattr(caches[0], a, None) for a in ("sink", "window", "middle")],
+                   "regions": None if spec.is_full else [
+                       int(getattr(caches[0], a, 0) or 0) for a in ("sink", "window", "middle")],
                    "tokens_per_s": r.tokens * len(todo) / r.seconds,
                    "stream_tokens_per_s": r.tokens_per_s, "batch": len(todo),
                    "seconds": r.seconds, "compile_s": compile_s,
@@ -695,12 +696,25 @@ def render(cfg: SweepConfig) -> list:
                   f"first {cfg.max_tokens} tokens of each corpus ({cfg.max_tokens - 1} scored). "
                   f"Cache MiB: one stream's cache. tok/s: scored tokens per second of the "
                   f"batched step (all corpora of a cell group in one batch). `full` keeps every "
-                  f"token whatever the size (the reference row); Δ is relative to it.", ""]
+                  f"token whatever the size (the reference row); Δ is relative to it. The "
+                  f"best policy held to each budget is in bold. A size \"NMiB\" is a memory "
+                  f"budget in {cfg.size_dtype or k['dtype']} bytes; [N] after its MiB is the "
+                  f"tokens the policy holds in it.", ""]
     head = ["policy"]
     for c in cfg.corpora:
         for s in sizes:
             head += [f"{c} {s} ppl", f"{c} {s} MiB", f"{c} {s} tok/s"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    # The best policy of each column in bold: among those held to the budget (not full, not a
+    # policy that keeps every token).
+    from caches import POLICIES
+    budgeted = [s.label for s in cfg.policies if not POLICIES[s.cache].keeps_every_token]
+    best = {}
+    for c in cfg.corpora:
+        for s in sizes:
+            got = [(ppl_rows[(lb, s, c)]["ppl"], lb) for lb in budgeted if (lb, s, c) in ppl_rows]
+            if got:
+                best[(s, c)] = min(got)[1]
     for label in labels:
         cells = [label]
         for c in cfg.corpora:
@@ -711,7 +725,10 @@ def render(cfg: SweepConfig) -> list:
                     continue
                 delta = (f" ({(r['ppl'] / reference[c] - 1) * 100:+.2f}%)"
                          if c in reference and label != "full" else "")
-                cells += [f"{r['ppl']:.3f}{delta}", f"{r['cache_bytes'] / 2**20:.2f}",
+                value = f"**{r['ppl']:.3f}**" if best.get((s, c)) == label else f"{r['ppl']:.3f}"
+                tokens = f" [{sum(r['regions'])}]" if isinstance(s, str) and r.get("regions") \
+                    else ""
+                cells += [f"{value}{delta}", f"{r['cache_bytes'] / 2**20:.2f}{tokens}",
                           f"{r['tokens_per_s']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     pk = cfg.passkey
