@@ -726,8 +726,8 @@ def render(cfg: SweepConfig) -> list:
                 delta = (f" ({(r['ppl'] / reference[c] - 1) * 100:+.2f}%)"
                          if c in reference and label != "full" else "")
                 value = f"**{r['ppl']:.3f}**" if best.get((s, c)) == label else f"{r['ppl']:.3f}"
-                tokens = f" [{sum(r['regions'])}]" if isinstance(s, str) and r.get("regions") \
-                    else ""
+                held = r.get("regions") if r.get("cache_size") == s else None
+                tokens = f" [{sum(v or 0 for v in held)}]" if isinstance(s, str) and held else ""
                 cells += [f"{value}{delta}", f"{r['cache_bytes'] / 2**20:.2f}{tokens}",
                           f"{r['tokens_per_s']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
