@@ -138,20 +138,22 @@ def cache_nbytes(args, batch_size: int, max_seq_length: int, dtype: torch.dtype,
     """Bytes build_caches would allocate (every layer's buffers and the RoPE table), counted by
     building the caches on the meta device: no memory is taken, whatever the sizes."""
     make_cache = make_cache or make_cache_factory("full")
+    caches, rope = _meta_caches(make_cache, args, batch_size, max_seq_length, dtype)
+    return sum(c.nbytes for c in caches) + rope.numel() * rope.element_size()
+
+
+def _meta_caches(make_cache, args, batch_size: int, max_seq_length: int, dtype: torch.dtype):
+    """Every layer's cache and the RoPE table, built on the meta device (no memory taken)."""
     with torch.device("meta"):
         rope = torch.empty(max_seq_length, args.head_dim // 2, 2)
-        caches = [make_cache(batch_size, args.n_kv_heads, args.head_dim, max_seq_length, dtype,
-                             rope, layer_id=i) for i in range(args.n_layer)]
-    return sum(c.nbytes for c in caches) + rope.numel() * rope.element_size()
+        return [make_cache(batch_size, args.n_kv_heads, args.head_dim, max_seq_length, dtype,
+                           rope, layer_id=i) for i in range(args.n_layer)], rope
 
 
 def row_nbytes(make_cache, args, dtype: torch.dtype) -> int:
     """One stream's cache bytes, as `cache_bytes` reports them: every layer's buffers (K/V,
     statistics, index maps, INT8 scales), the shared RoPE table excluded."""
-    with torch.device("meta"):
-        rope = torch.empty(1, args.head_dim // 2, 2)
-        return sum(make_cache(1, args.n_kv_heads, args.head_dim, 1, dtype, rope, layer_id=i).nbytes
-                   for i in range(args.n_layer))
+    return sum(c.nbytes for c in _meta_caches(make_cache, args, 1, 1, dtype)[0])
 
 
 def fit_to_bytes(name: str, budget: int, args, dtype: torch.dtype, *, sink=None, window=None,

@@ -41,9 +41,6 @@ EMBEDDED = {m.name: m for m in (
                                                       for i in range(1, 7))),
 )}
 DEFAULT = "smollm2-135m"
-# Kept for callers and messages that speak of the default model.
-CHECKPOINT_NAME = EMBEDDED[DEFAULT].checkpoint_name
-INSTALL_HINT = EMBEDDED[DEFAULT].install
 
 
 def regionkv_home() -> Path:

@@ -81,13 +81,7 @@ def batched_streaming_perplexity(model: Transformer, caches, streams: list, step
     """streams: B token-id lists of equal length; caches (caches.build_caches) of batch B.
 
     progress(n, nlls) is called after every step with n scored positions and nlls [n, B]."""
-    B = len(streams)
-    n = len(streams[0]) if streams else 0
-    if B == 0 or any(len(s) != n for s in streams):
-        raise UserError("batched perplexity needs one or more streams of equal length "
-                        f"(got lengths {sorted({len(s) for s in streams})})")
-    if n < 2:
-        raise UserError(f"the text has {n} token(s); perplexity needs at least 2")
+    B, n = _stream_shape(streams)
     device = model.device
     # [n, B] so that every step's tokens are one contiguous row (compiled graphs guard strides)
     ids_t = torch.tensor(streams, device=device).T.contiguous()
@@ -102,11 +96,28 @@ def batched_streaming_perplexity(model: Transformer, caches, streams: list, step
         nlls[t] = step(model, caches, ids_t[t].view(B, 1), ids_t.new_tensor([t]), ids_t[t + 1])
         if progress is not None:
             progress(t + 1, nlls[: t + 1])
-    curves = (nlls.double().cumsum(0)
-              / torch.arange(1, n, device=device, dtype=torch.float64).view(-1, 1)).T.tolist()
-    seconds = time.perf_counter() - t0
-    return [PerplexityResult(nll=c[-1], ppl=math.exp(c[-1]), tokens=n - 1, seconds=seconds,
-                             curve=c, nlls=row) for c, row in zip(curves, nlls.T.tolist())]
+    return _results(nlls, time.perf_counter() - t0)
+
+
+def _stream_shape(streams: list) -> tuple[int, int]:
+    """(B, n) of B token-id lists of equal length n >= 2; UserError otherwise."""
+    B = len(streams)
+    n = len(streams[0]) if streams else 0
+    if B == 0 or any(len(s) != n for s in streams):
+        raise UserError("batched perplexity needs one or more streams of equal length "
+                        f"(got lengths {sorted({len(s) for s in streams})})")
+    if n < 2:
+        raise UserError(f"the text has {n} token(s); perplexity needs at least 2")
+    return B, n
+
+
+def _results(nlls: Tensor, seconds: float) -> list:
+    """One PerplexityResult per stream from the NLLs [n - 1, B] of a run."""
+    steps = torch.arange(1, nlls.shape[0] + 1, device=nlls.device, dtype=torch.float64)
+    curves = (nlls.double().cumsum(0) / steps.view(-1, 1)).T.tolist()
+    return [PerplexityResult(nll=c[-1], ppl=math.exp(c[-1]), tokens=nlls.shape[0],
+                             seconds=seconds, curve=c, nlls=row)
+            for c, row in zip(curves, nlls.T.tolist())]
 
 
 @torch.inference_mode()
@@ -118,10 +129,7 @@ def batched_full_perplexity(model: Transformer, caches, streams: list, chunk: in
     fraction of the time (the loop attends one query at a time over the whole static buffer)."""
     if not all(c.keeps_every_token and c.prefill_chunk is None for c in caches):
         raise ValueError("batched_full_perplexity needs caches that keep every token")
-    B = len(streams)
-    n = len(streams[0]) if streams else 0
-    if B == 0 or any(len(s) != n for s in streams) or n < 2:
-        return batched_streaming_perplexity(model, caches, streams)  # its errors
+    B, n = _stream_shape(streams)
     device = model.device
     ids = torch.tensor(streams, device=device)
     for cache in caches:
@@ -137,11 +145,7 @@ def batched_full_perplexity(model: Transformer, caches, streams: list, chunk: in
             progress(e, nlls[:e])
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - t0
-    curves = (nlls.double().cumsum(0)
-              / torch.arange(1, n, device=device, dtype=torch.float64).view(-1, 1)).T.tolist()
-    return [PerplexityResult(nll=c[-1], ppl=math.exp(c[-1]), tokens=n - 1, seconds=seconds,
-                             curve=c, nlls=row) for c, row in zip(curves, nlls.T.tolist())]
+    return _results(nlls, time.perf_counter() - t0)
 
 
 def corpus_path(name: str, corpus_dir=None) -> Path:

@@ -46,6 +46,21 @@ def write_tiny_checkpoint(out: Path, source: Path, **model) -> Path:
     return out
 
 
+def convert_in_fresh_home(tmp_path_factory, name: str):
+    """An embedded model converted on first use in a fresh REGIONKV_HOME: (home, checkpoint,
+    what the conversion printed)."""
+    import contextlib
+    import io
+
+    from engine.default_model import embedded_checkpoint
+    home = tmp_path_factory.mktemp("regionkv_home")
+    err = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err):
+        mp.setenv("REGIONKV_HOME", str(home))
+        path = embedded_checkpoint(name)
+    return home, path, err.getvalue()
+
+
 @pytest.fixture(scope="session")
 def default_checkpoint():
     """The embedded default model, converted once (REGIONKV_HOME or ~/.cache/regionkv)."""

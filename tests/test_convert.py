@@ -1,7 +1,5 @@
 """convert_hf.py / engine.convert: every source kind (GGUF, HF directory single/sharded/.bin, hub
 cache) checked against transformers as the independent reference; errors and atomic output."""
-import contextlib
-import io
 import json
 import math
 import shutil
@@ -12,7 +10,7 @@ import pytest
 import torch
 
 from caches import build_caches
-from conftest import DATA, ROOT, run_cli
+from conftest import DATA, ROOT, convert_in_fresh_home, run_cli
 from engine.checkpoint import load_model, read_config
 from engine.convert import OutputExistsError, convert, hf_model_args
 from engine.default_model import default_checkpoint, default_gguf
@@ -91,13 +89,8 @@ def save_tiny(model, d, tok_dir):
 
 @pytest.fixture(scope="module")
 def default_converted(tmp_path_factory):
-    """default_checkpoint() in a fresh REGIONKV_HOME: (home, path, what it printed)."""
-    home = tmp_path_factory.mktemp("regionkv_home")
-    err = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err):
-        mp.setenv("REGIONKV_HOME", str(home))
-        path = default_checkpoint()
-    return home, path, err.getvalue()
+    """The default model converted in a fresh REGIONKV_HOME: (home, path, what it printed)."""
+    return convert_in_fresh_home(tmp_path_factory, "smollm2-135m")
 
 
 @pytest.fixture(scope="module")

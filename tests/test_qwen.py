@@ -1,19 +1,16 @@
 """The second embedded model, Qwen2.5-Coder-0.5B-Instruct (a qwen2 GGUF in six pip parts):
 assembled and converted on first use, then checked against transformers loading the same GGUF
 (logits, greedy tokens, tokenizer, chat template); other GGUF architectures are refused."""
-import io
-import contextlib
-
 import numpy as np
 import pytest
 import torch
 
 from caches import build_caches
-from conftest import DATA, run_cli
+from conftest import DATA, convert_in_fresh_home, run_cli
 from core.errors import UserError
 from engine.checkpoint import load_model, read_config
 from engine.convert import convert
-from engine.default_model import EMBEDDED, embedded_checkpoint, embedded_gguf, resolve_checkpoint
+from engine.default_model import EMBEDDED, embedded_gguf, resolve_checkpoint
 from engine.tokenizer import load_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -26,13 +23,8 @@ N_LOGITS, N_PROMPT, N_GREEDY = 300, 32, 32
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """embedded_checkpoint() in a fresh REGIONKV_HOME: (home, checkpoint, what it printed)."""
-    home = tmp_path_factory.mktemp("regionkv_home")
-    err = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err):
-        mp.setenv("REGIONKV_HOME", str(home))
-        path = embedded_checkpoint(NAME)
-    return home, path, err.getvalue()
+    """The model converted in a fresh REGIONKV_HOME: (home, checkpoint, what it printed)."""
+    return convert_in_fresh_home(tmp_path_factory, NAME)
 
 
 @pytest.fixture(scope="module")
