@@ -20,6 +20,7 @@ from core.errors import UserError
 from core.tensors import read_safetensors
 from engine.files import publish_dir, save_weights, staging_dir
 from model import ModelArgs, Transformer
+from quantize.dense import pack_dense_linears
 from quantize.weights import (QuantConfig, QuantizedLinear, pack_model, quantize_state_dict,
                               resolve_config, swap_linears)
 
@@ -83,7 +84,8 @@ def load_model(checkpoint_dir, device="cpu", dtype=torch.float32, pack: bool = T
 
     A quantized checkpoint (config "quantization") gets Int8Linear/Int4Linear modules in place of
     its linears, loaded strictly from the storage format and, with `pack`, converted on `device`
-    to the fastest kernel layout for `dtype` (without: the storage tensors, plain formula).
+    to the fastest kernel layout for `dtype` (without: the storage tensors, plain formula). With
+    `pack`, float linears on CPU take oneDNN's packed layout (quantize/dense.py).
     """
     path = Path(checkpoint_dir)
     cfg = read_config(path)
@@ -128,8 +130,9 @@ def load_model(checkpoint_dir, device="cpu", dtype=torch.float32, pack: bool = T
         from engine.tp import shard_model
         shard_model(model, tp)
     model = model.to(device=device).eval()
-    if qconfig is not None and pack:
-        pack_model(model, dtype)
+    if pack:
+        pack_model(model, dtype)  # quantized linears
+        pack_dense_linears(model)  # float linears on CPU (quantize/dense.py)
     return model
 
 

@@ -123,7 +123,9 @@ def model_fingerprint(model: Transformer) -> str:
     """Identifies the weights a cache was computed with: config, weight kind, a few values
     (rounded to bfloat16, so that one model in two dtypes is told apart by its dtype instead)."""
     h = hashlib.sha1(json.dumps(model.args.to_dict(), sort_keys=True).encode())
-    h.update(type(model.output).__name__.encode())
+    # oneDNN's packed layout (quantize/dense.py) holds the same float weights as nn.Linear
+    head = type(model.output).__name__
+    h.update(("Linear" if head == "PackedLinear" else head).encode())
     for t in (model.norm.weight, model.tok_embeddings.weight[:2]):
         h.update(t.detach().to(torch.bfloat16).float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]

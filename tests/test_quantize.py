@@ -284,7 +284,11 @@ def test_loaded_checkpoint_tensors_are_64_byte_aligned(quantized, default_checkp
     model = load_model(path, dtype=dtype, pack=pack)
     named = list(model.named_parameters()) + list(model.named_buffers())
     assert len(named) > 100
-    bad = {n: t.data_ptr() % 64 for n, t in named if t is not None and t.data_ptr() % 64}
+    # oneDNN's packed float weights (quantize/dense.py) live in memory oneDNN allocates itself.
+    onednn = {n for n, t in named if t is not None and t.is_mkldnn}
+    assert bool(onednn) == (mode == "float" and pack)
+    bad = {n: t.data_ptr() % 64 for n, t in named
+           if t is not None and n not in onednn and t.data_ptr() % 64}
     assert not bad
 
 
@@ -347,3 +351,66 @@ def test_int8_kernel_never_gets_a_misaligned_weight():
     proc = subprocess.run([sys.executable, "-c", MISALIGNED_INT8_KERNEL, str(ROOT)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", (proc.returncode, proc.stderr)
+
+
+# ----------------------------------------------------------------------------------------------
+# Float linears in oneDNN's packed layout (quantize/dense.py)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_float_linears_match_f_linear_eager_and_compiled(dtype):
+    from quantize.dense import PackedLinear, pack_dense_linears
+    m = tiny_model(attention_bias=True).to(dtype)
+    plain = {n: mod for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)}
+    x = torch.randn(2, 5, 64, dtype=dtype)
+    with torch.inference_mode():
+        want = {n: lin(x if lin.in_features == 64 else x.repeat(1, 1, lin.in_features // 64))
+                for n, lin in plain.items()}
+        state = {k: v.clone() for k, v in m.state_dict().items()}
+        pack_dense_linears(m)
+        packed = dict(m.named_modules())
+        assert all(isinstance(packed[n], PackedLinear) for n in plain)
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+        for n, ref in want.items():
+            lin = packed[n]
+            got = lin(x if lin.in_features == 64 else x.repeat(1, 1, lin.in_features // 64))
+            torch.testing.assert_close(got, ref, **tol)
+        # The state dict is the checkpoint format, unchanged (the weights come back exactly).
+        assert m.state_dict().keys() == state.keys()
+        for k, v in m.state_dict().items():
+            assert torch.equal(v, state[k]), k
+        # One compiled graph serves blocks holding different packed weights (regional
+        # compilation passes them as inputs, through the custom op).
+        from torch._dynamo.testing import CompileCounter
+        counter = CompileCounter()
+        ff = torch.compile(lambda f, h: f(h), fullgraph=True, backend=counter)
+        for block in m.layers:
+            torch.testing.assert_close(ff(block.feed_forward, x), block.feed_forward(x), **tol)
+        assert counter.frame_count == 1
+
+
+def test_loaded_float_model_is_packed_and_scores_as_unpacked(default_checkpoint):
+    from engine.generation import model_fingerprint
+    from quantize.dense import PackedLinear
+    plain, packed = load_model(default_checkpoint, pack=False), load_model(default_checkpoint)
+    assert not any(isinstance(m, PackedLinear) for m in plain.modules())
+    linears = [m for m in packed.modules() if isinstance(m, PackedLinear)]
+    assert len(linears) == 5 * packed.args.n_layer + 1  # the tied head gets its own copy
+    assert model_fingerprint(packed) == model_fingerprint(plain)  # sessions load in either
+    ids = torch.tensor([[1, 504, 3000, 27, 9108, 314, 260, 2830, 282, 7384, 30]])
+    with torch.inference_mode():
+        logits = [m(ids, torch.arange(ids.shape[1]), build_caches(m, 1, 64))
+                  for m in (plain, packed)]
+    torch.testing.assert_close(logits[1], logits[0], rtol=0, atol=1e-4)
+
+
+def test_missing_onednn_kernel_keeps_f_linear(monkeypatch):
+    from quantize.dense import pack_dense_linears
+    m = tiny_model()
+    def missing(*args):
+        raise RuntimeError("no oneDNN kernel in this build")
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", missing)
+    with pytest.warns(UserWarning, match="keeping F.linear"):
+        pack_dense_linears(m)
+    assert all(type(mod) is torch.nn.Linear for mod in m.modules()
+               if "Linear" in type(mod).__name__)

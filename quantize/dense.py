@@ -1,0 +1,96 @@
+"""Float linears in oneDNN's packed weight layout, for CPU decode.
+
+    pack_dense_linears(model)    # on its final device and dtype: nn.Linear -> PackedLinear
+
+A float32 or bfloat16 `F.linear` on CPU goes to a GEMM that re-reads the [N, K] weight with a
+layout made for large M. At decode, M is the batch (1 to 4 rows), and on the CPUs of this pool
+that GEMM runs the 545 MB Qwen head at 40 ms for one row and 89 ms for two, and two-row steps
+cost twice one-row steps. oneDNN's inner-product kernel on a weight reordered once into its
+blocked layout streams the weight near the memory bandwidth: 19 ms for one row, 24 ms for two
+(docs/PERFORMANCE.md). The same results up to float rounding (summation order).
+
+The packed weight is an opaque `torch._mkldnn` tensor. Inductor takes such a weight only as a
+frozen constant, and the blocks share one compiled graph with their weights as inputs, so the
+call goes through a custom op that compiled code calls as it is.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+@torch.library.custom_op("regionkv::packed_linear", mutates_args=())
+def packed_linear(x: Tensor, weight: Tensor, out_features: int) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: Tensor, weight: Tensor, out_features: int) -> Tensor:
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
+class PackedLinear(nn.Module):
+    """y = x @ W^T (+ bias) with W held in oneDNN's layout. Its state dict holds the plain
+    weight, as nn.Linear's does (the checkpoint format, and what a peer model loads)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.detach()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(w, None),
+                             persistent=False)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
+
+    @property
+    def weight(self) -> Tensor:
+        return self.packed.to_dense()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, " \
+               f"bias={self.bias is not None}, kernel=onednn"
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = self.weight
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = packed_linear(x, self.packed, self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+def pack_dense_linears(model: nn.Module) -> nn.Module:
+    """In place: every float nn.Linear on CPU in a dtype oneDNN packs becomes a PackedLinear,
+    after a probe against F.linear (a build or CPU without the kernel keeps nn.Linear, with a
+    warning). A head tied to the embedding gets its own packed copy; the table stays."""
+    if not torch.backends.mkldnn.is_available():
+        return model
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is not nn.Linear or child.weight.device.type != "cpu" or \
+                    child.weight.dtype not in DTYPES:
+                continue
+            try:
+                packed = PackedLinear(child)
+                _probe(child, packed)
+            except RuntimeError as e:
+                warnings.warn(f"{name}.{child_name}: oneDNN packed linear unavailable "
+                              f"({str(e).splitlines()[0][:100]}); keeping F.linear")
+                continue
+            setattr(module, child_name, packed)
+    return model
+
+
+def _probe(linear: nn.Linear, packed: PackedLinear) -> None:
+    w = linear.weight.detach()
+    x = torch.randn(3, linear.in_features, generator=torch.Generator().manual_seed(0)).to(w.dtype)
+    want, got = F.linear(x, w, linear.bias).float(), packed(x).float()
+    err = (got - want).norm() / want.norm().clamp(min=1e-10)
+    if not err < (1e-2 if w.dtype == torch.bfloat16 else 1e-5):
+        raise RuntimeError(f"relative error {err:.3g} against F.linear")
