@@ -176,7 +176,8 @@ class KVSegment(NamedTuple):
 
 class KVView(NamedTuple):
     """What a cache hands attention for one step: the rotated query, the stretches of slots to
-    attend over (S in all) and the mask [B, Hkv|1, T, S] over them (True = attend)."""
+    attend over (S in all) and the mask [B, Hkv|1, T, S] over them (True = attend). mask None:
+    causal, query t attends slots 0..t of one segment of T slots (a prompt from position 0)."""
     q: Tensor
     segments: list
     mask: Tensor
@@ -191,6 +192,11 @@ def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Ten
     q, segments, mask = view
     B, H, T, D = q.shape
     Hkv = segments[0].k.shape[1]
+    if mask is None:  # causal over the prompt's own slots: the fused kernel skips the future
+        assert len(segments) == 1 and segments[0].k_scale is None and not need_probs
+        y = F.scaled_dot_product_attention(q, segments[0].k, segments[0].v, is_causal=True,
+                                           enable_gqa=Hkv != H)
+        return y, None
     G = H // Hkv
     # GQA without repeating K/V: fold each KV group's query heads into the query axis.
     qg = q.reshape(B, Hkv, G * T, D)

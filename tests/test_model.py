@@ -124,6 +124,23 @@ def test_cache_bytes_are_exact():
     assert gen.cache_bytes == 2 * per_layer
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fresh_prompt_attends_causally_over_its_own_slots(monkeypatch, dtype):
+    import caches.full
+    model = tiny_model(attention_bias=True).to(dtype)
+    ids = torch.randint(0, 256, (2, 24))
+    taken = []
+    fresh = caches.full.starts_fresh
+    monkeypatch.setattr(caches.full, "starts_fresh", lambda p: taken.append(fresh(p)) or taken[-1])
+    causal = full_logits(model, ids)
+    assert taken and all(taken)  # every layer took the causal path
+    monkeypatch.setattr(caches.full, "starts_fresh", lambda p: False)
+    masked = full_logits(model, ids)  # the whole static buffer under the mask
+    assert (causal - masked).abs().max() < (1e-5 if dtype == torch.float32 else 0.1)
+    # A chunk that does not start at 0 keeps the mask (it reads the slots before it).
+    assert not fresh(torch.arange(5, 9).view(1, -1)) and not fresh(torch.tensor([[0, 1], [3, 4]]))
+
+
 def test_explicit_attention_path_matches_sdpa_and_reports_probabilities():
     from caches import FullCache
 
