@@ -26,6 +26,20 @@ from torch import Tensor
 from model import KVSegment, KVView, apply_rope  # noqa: F401  (KVSegment: for policies)
 
 
+def put_slots(buf: Tensor, index: Tensor, src) -> None:
+    """buf.scatter_(2, index, src), written as index_put_: buf[i, j, index[i, j, k, ...], ...]
+    = src[i, j, k, ...] (src a tensor of index's shape, or a number). In a compiled step
+    Inductor updates the buffer in place this way; its scatter_ copies the whole buffer out and
+    back, which costs as much as reading the cache on every write."""
+    idx = [torch.arange(n, device=index.device).view([n if d == i else 1
+                                                       for d in range(index.dim())])
+           for i, n in enumerate(index.shape)]
+    idx[2] = index
+    idx = torch.broadcast_tensors(*idx)
+    buf.index_put_(tuple(idx), src if isinstance(src, Tensor) else
+                   torch.tensor(src, dtype=buf.dtype, device=buf.device))
+
+
 class KVCache(nn.Module):
     wants_probs = False
     has_middle = False

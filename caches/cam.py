@@ -1,6 +1,7 @@
 import torch
 from torch import Tensor
 
+from caches.base import put_slots
 from caches.region import FAR, RegionCache
 from core.errors import UserError
 
@@ -70,5 +71,6 @@ class CaMCache(RegionCache):
         idx = nxt.clamp(max=self.n_fast - 1).unsqueeze(-1).expand(B, H, m, D)
         old = self.v_fast.gather(2, idx)
         add = (merge.unsqueeze(-1) & follows).unsqueeze(-1)
-        self.v_fast.scatter_(2, idx, torch.where(add, (old.float() + share.unsqueeze(2)).to(old.dtype), old))
+        put_slots(self.v_fast, idx,
+                  torch.where(add, (old.float() + share.unsqueeze(2)).to(old.dtype), old))
         self.evict(victim, do)

@@ -3,14 +3,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from caches.base import KVCache, KVSegment, KVView
+from caches.base import KVCache, KVSegment, KVView, put_slots
 
 
 def scatter_tokens(buf: Tensor, slots: Tensor, x: Tensor) -> None:
     """buf [B, H, S, D][b, :, slots[b, t]] = x [B, H|1, T, D][b, :, t]: each row its own slots."""
     B, H, _, D = buf.shape
     idx = slots.view(B, 1, -1, 1).expand(B, H, -1, D)
-    buf.scatter_(2, idx, x.expand(B, H, -1, D).to(buf.dtype))
+    put_slots(buf, idx, x.expand(B, H, -1, D).to(buf.dtype))
 
 
 def starts_fresh(input_pos: Tensor) -> bool:
@@ -49,7 +49,7 @@ class FullCache(KVCache):
         q, k = self.rotate(q, input_pos), self.rotate(k, input_pos)
         scatter_tokens(self.k, input_pos, k)
         scatter_tokens(self.v, input_pos, v)
-        self.pos.scatter_(2, input_pos.unsqueeze(1), input_pos.unsqueeze(1))
+        put_slots(self.pos, input_pos.unsqueeze(1), input_pos.unsqueeze(1))
         T = input_pos.shape[1]
         if T > 1 and not self.wants_probs and starts_fresh(input_pos):
             # A prompt from position 0 attends causally over its own T slots (mask None), not

@@ -3,6 +3,7 @@ import math
 import torch
 from torch import Tensor
 
+from caches.base import put_slots
 from caches.region import RegionCache
 from core.errors import UserError
 
@@ -52,7 +53,7 @@ class LagKVCache(RegionCache):
         slots = part.unsqueeze(1).expand_as(score)
         for stat, new in ((self.lag_score, score), (self.keep, keep)):
             old = stat.gather(2, slots)
-            stat.scatter_(2, slots, torch.where(ready, new, old))
+            put_slots(stat, slots, torch.where(ready, new, old))
 
     @staticmethod
     def channel_score(x: Tensor, part: Tensor, succ: Tensor) -> Tensor:

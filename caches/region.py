@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from caches.base import KVCache, KVView
+from caches.base import KVCache, KVView, put_slots
 from caches.full import scatter_tokens
 from core.errors import UserError
 from model import KVSegment, apply_rope
@@ -137,17 +137,17 @@ class RegionCache(KVCache):
         value = value.unsqueeze(2)
         f = g.clamp(max=self.n_fast - 1).unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, D)
         old = self.v_fast.gather(2, f)
-        self.v_fast.scatter_(2, f, torch.where(do & is_fast, value.to(old.dtype), old))
+        put_slots(self.v_fast, f, torch.where(do & is_fast, value.to(old.dtype), old))
         m = (g - self.n_fast).clamp(min=0).unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, D)
         old = self.v_mid.gather(2, m)
         keep = do & ~is_fast
         if self.middle_int8:
             q, s = quantize_int8(value)
-            self.v_mid.scatter_(2, m, torch.where(keep, q, old))
+            put_slots(self.v_mid, m, torch.where(keep, q, old))
             old_s = self.v_scale.gather(2, m[..., :1])
-            self.v_scale.scatter_(2, m[..., :1], torch.where(keep, s, old_s))
+            put_slots(self.v_scale, m[..., :1], torch.where(keep, s, old_s))
         else:
-            self.v_mid.scatter_(2, m, torch.where(keep, value.to(old.dtype), old))
+            put_slots(self.v_mid, m, torch.where(keep, value.to(old.dtype), old))
 
     # ---- the contract ------------------------------------------------------------------------
     def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> KVView:
@@ -158,9 +158,9 @@ class RegionCache(KVCache):
         scatter_tokens(self.k_fast, slots, k)
         scatter_tokens(self.v_fast, slots, v)
         per_head = slots.unsqueeze(1).expand(B, H, T)
-        self.pos.scatter_(2, per_head, input_pos.unsqueeze(1).expand(B, H, T).to(torch.int32))
+        put_slots(self.pos, per_head, input_pos.unsqueeze(1).expand(B, H, T).to(torch.int32))
         for name in self.stats:  # a new token starts from zero statistics
-            getattr(self, name).scatter_(2, per_head, 0.0)
+            put_slots(getattr(self, name), per_head, 0.0)
         mask = (self.pos.unsqueeze(-2) >= 0) & (self.pos.unsqueeze(-2) <= input_pos.view(B, 1, T, 1))
 
         if self.positions == "cache":
@@ -233,29 +233,29 @@ class RegionCache(KVCache):
         # The spare slot is empty: writing it unconditionally is harmless when nothing moves.
         if self.middle_int8:
             (kq, ks), (vq, vs) = quantize_int8(k), quantize_int8(v)
-            self.k_mid.scatter_(2, idx, kq)
-            self.v_mid.scatter_(2, idx, vq)
-            self.k_scale.scatter_(2, idx[..., :1], ks)
-            self.v_scale.scatter_(2, idx[..., :1], vs)
+            put_slots(self.k_mid, idx, kq)
+            put_slots(self.v_mid, idx, vq)
+            put_slots(self.k_scale, idx[..., :1], ks)
+            put_slots(self.v_scale, idx[..., :1], vs)
         else:
-            self.k_mid.scatter_(2, idx, k)
-            self.v_mid.scatter_(2, idx, v)
+            put_slots(self.k_mid, idx, k)
+            put_slots(self.v_mid, idx, v)
         g = (spare + self.n_fast).unsqueeze(-1)  # [B, H, 1]
         r = ring.view(B, 1, 1).expand(B, H, 1)
         moving = moving.view(B, 1, 1)
         p = self.pos.gather(2, r)
-        self.pos.scatter_(2, g, torch.where(moving, p, -1))
-        self.pos.scatter_(2, r, torch.where(moving, -1, p))
+        put_slots(self.pos, g, torch.where(moving, p, -1))
+        put_slots(self.pos, r, torch.where(moving, -1, p))
         for name in self.stats:
             stat = getattr(self, name)
-            stat.scatter_(2, g, stat.gather(2, r))
+            put_slots(stat, g, stat.gather(2, r))
 
     def must_remove(self, valid: Tensor, score: Tensor, victim: Tensor) -> Tensor:
         return valid.sum(-1) > self.middle
 
     def evict(self, victim: Tensor, do: Tensor) -> None:
         g = (victim + self.n_fast).unsqueeze(-1)
-        self.pos.scatter_(2, g, torch.where(do.unsqueeze(-1), -1, self.pos.gather(2, g)))
+        put_slots(self.pos, g, torch.where(do.unsqueeze(-1), -1, self.pos.gather(2, g)))
 
     # ---- policy hooks ------------------------------------------------------------------------
     def before_compress(self, cur: Tensor) -> None:
