@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from engine.cli import (CHECKPOINT_HELP, DTYPES, POLICY_OPTIONS, Parser, add_cache_arguments,
+from engine.cli import (CHECKPOINT_HELP, DTYPES, POLICY_OPTIONS, REGION_FLAGS, Parser,
+                        add_cache_arguments,
                         size_cache_from_mib,
                         cache_factory_from_args, comma_list, list_caches, positive_int,
                         resolve_device, resolve_dtype, run)
@@ -97,7 +98,7 @@ def policy_factories(args, notes: list, cfg: dict = None, dtype=None) -> dict:
         **{o: (lambda c, o=o: getattr(args, o) is None or o in policy_options(c))
            for o in POLICY_OPTIONS},
         **{o: (lambda c, o=o: getattr(args, o) is None or c != "full")
-           for o in ("sink", "window", "prefill_chunk")},
+           for o in REGION_FLAGS},
     }
     for flag, ok in fits.items():
         if not any(ok(c) for c in args.cache):

@@ -41,6 +41,8 @@ POLICIES = {
 DEFAULT_CACHE_SIZE = 256
 DEFAULT_SINK = 4
 DEFAULT_CHUNK = 32
+# How a prompt chunk compresses: token by token (exact order) or in one pass (caches/region.py).
+PROMPT_COMPRESSION = ("chunked", "bulk")
 
 
 def describe(name: str) -> str:
@@ -76,7 +78,8 @@ def region_sizes(name: str, cache_size: int, sink=None, window=None) -> tuple[in
 
 def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=None,
                        window=None, kv_middle: str = "model", positions: str = "original",
-                       chunk: int = DEFAULT_CHUNK, seed: int = 0, **options) -> "CacheFactory":
+                       chunk: int = DEFAULT_CHUNK, prompt_compression: str = "chunked",
+                       seed: int = 0, **options) -> "CacheFactory":
     """The builder of one layer's cache of policy `name` (see CacheFactory); UserError names
     a bad setting."""
     if name not in POLICIES:
@@ -92,6 +95,9 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
         raise UserError(f"`kv_middle` must be 'model' or 'int8', got {kv_middle!r}")
     if positions not in ("original", "cache"):
         raise UserError(f"`positions` must be 'original' or 'cache', got {positions!r}")
+    if prompt_compression not in PROMPT_COMPRESSION:
+        raise UserError(f"`prompt_compression` must be one of {', '.join(PROMPT_COMPRESSION)}, "
+                        f"got {prompt_compression!r}")
     if cls is FullCache:
         if kv_middle == "int8":
             raise UserError("`kv_middle` int8 needs a policy with a middle region; full has none "
@@ -99,6 +105,9 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
         if positions == "cache":
             raise UserError("`positions` cache needs a compressing policy; full keeps every "
                             "position")
+        if prompt_compression != "chunked":
+            raise UserError(f"`prompt_compression` {prompt_compression} needs a compressing "
+                            f"policy; full keeps every token")
         return CacheFactory(FullCache, {}, {"policy": name})
     if kv_middle == "int8" and not cls.has_middle:
         raise UserError(f"`kv_middle` int8 needs a policy with a middle region; {name} has none")
@@ -109,9 +118,11 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
     int8 = kv_middle == "int8" or getattr(cls, "always_int8", False)
     spec = dict(policy=name, cache_size=cache_size, sink=sink, window=window, kv_middle=kv_middle,
                 positions=positions, chunk=chunk, seed=seed, **options)
+    if prompt_compression != "chunked":  # the default stays out: older saved specs match
+        spec["prompt_compression"] = prompt_compression
     return CacheFactory(cls, dict(sink=sink, window=window, middle=middle, chunk=chunk,
-                                  middle_int8=int8, positions=positions, seed=seed, **options),
-                        spec)
+                                  middle_int8=int8, positions=positions, seed=seed,
+                                  prompt_compression=prompt_compression, **options), spec)
 
 
 class CacheFactory:

@@ -13,12 +13,17 @@ def uniform(key: Tensor, cur: Tensor, n: int, start: int = 0) -> Tensor:
     A splitmix-style integer hash: reproducible under a seed and free of generator state, so a
     compiled graph (or a CUDA graph) replays it exactly.
     """
-    x = (key * 0x9E3779B9 + cur.view(-1, 1).long() * 0x85EBCA6B
-         + torch.arange(start, start + n, device=key.device) * 0xC2B2AE35)
+    i = torch.arange(start, start + n, device=key.device)
+    return uniform_at(key, cur.view(-1, 1), i).unsqueeze(-1)
+
+
+def uniform_at(key: Tensor, cur: Tensor, i: Tensor) -> Tensor:
+    """The draw of (key, cur, i), elementwise over cur and i (broadcast)."""
+    x = key * 0x9E3779B9 + cur.long() * 0x85EBCA6B + i * 0xC2B2AE35
     for mul in (0xBF58476D1CE4E5B9 >> 2, 0x94D049BB133111EB >> 2):
         x = (x ^ (x >> 31)) * mul
     x = x ^ (x >> 29)
-    return ((x & 0xFFFFFF).float() / float(1 << 24)).unsqueeze(-1)
+    return (x & 0xFFFFFF).float() / float(1 << 24)
 
 
 class CaMCache(RegionCache):
@@ -52,9 +57,12 @@ class CaMCache(RegionCache):
         B, H, C = self.pos.shape
         i = victim + self.n_fast
         pos_i = self.pos.gather(-1, i.unsqueeze(-1))
-        later = self.pos > pos_i
-        m = min(self.merge_span, C)
-        nxt = torch.where(later, self.pos, FAR).topk(m, dim=-1, largest=False).indices  # [B,H,m]
+        # Middle-less: every following token sits in a fast slot. Picking among fast slots
+        # only keeps the m picks distinct slots even when fewer than m tokens follow.
+        later = (self.pos > pos_i)[..., :self.n_fast]
+        m = min(self.merge_span, self.n_fast)
+        nxt = torch.where(later, self.pos[..., :self.n_fast], FAR).topk(
+            m, dim=-1, largest=False).indices  # [B, H, m]
         follows = later.gather(-1, nxt)
         count = follows.sum(-1, keepdim=True)
         a_next = (self.acc.gather(-1, nxt) * follows).sum(-1, keepdim=True) / count.clamp(min=1)
@@ -68,9 +76,37 @@ class CaMCache(RegionCache):
         share = self.read_v(i) / count.clamp(min=1)  # [B, H, D]
         # Middle-less: the following tokens all sit in the fast region.
         D = self.v_fast.shape[-1]
-        idx = nxt.clamp(max=self.n_fast - 1).unsqueeze(-1).expand(B, H, m, D)
+        idx = nxt.unsqueeze(-1).expand(B, H, m, D)
         old = self.v_fast.gather(2, idx)
         add = (merge.unsqueeze(-1) & follows).unsqueeze(-1)
         put_slots(self.v_fast, idx,
                   torch.where(add, (old.float() + share.unsqueeze(2)).to(old.dtype), old))
         self.evict(victim, do)
+
+    def remove_bulk(self, victims: Tensor, do: Tensor, cur: Tensor) -> None:
+        """Every token that left the window in the chunk goes at once; each merges as above into
+        the next m tokens that stay, with its value from before the pass and the draw the
+        token-by-token step makes for it (at the position where it left the window)."""
+        B, H, C = self.pos.shape
+        K, D = victims.shape[-1], self.v_fast.shape[-1]
+        later = self.later_survivors(victims, do)                             # [B, H, K, C]
+        m = min(self.merge_span, C)
+        nxt = torch.where(later, self.pos.unsqueeze(2), FAR).topk(m, dim=-1, largest=False).indices
+        follows = later.gather(-1, nxt)                                       # [B, H, K, m]
+        count = follows.sum(-1, keepdim=True)
+        acc = self.acc.unsqueeze(2).expand(B, H, K, C)
+        a_next = (acc.gather(-1, nxt) * follows).sum(-1, keepdim=True) / count.clamp(min=1)
+        a_i = self.acc.gather(-1, victims).unsqueeze(-1)
+        prob = torch.where(a_next > 0, (a_i / a_next.clamp(min=1e-30)).clamp(0, 1), 1.0)
+        left_at = self.pos.gather(-1, victims) + self.window                  # [B, H, K]
+        head = torch.arange(H, device=victims.device).view(1, H, 1) + self.head_offset
+        draw = uniform_at(self.rng_key, left_at, head) < prob.squeeze(-1)
+        merge = do & draw & (count.squeeze(-1) > 0)
+        share = self.read_v(victims) / count.clamp(min=1)                     # [B, H, K, D]
+        add = (share.unsqueeze(3) * (merge.unsqueeze(-1) & follows).unsqueeze(-1))
+        total = torch.zeros(B, H, C, D, device=share.device).scatter_add_(
+            2, nxt.flatten(2, 3).unsqueeze(-1).expand(B, H, K * m, D), add.flatten(2, 3))
+        hit = torch.zeros(B, H, C, dtype=torch.int32, device=share.device).scatter_add_(
+            -1, nxt.flatten(2, 3), (merge.unsqueeze(-1) & follows).flatten(2, 3).int()) > 0
+        self.write_all_v(self.all_values() + total, hit)
+        super().remove_bulk(victims, do, cur)

@@ -38,10 +38,23 @@ class LagKVCache(RegionCache):
         self.n_keep = max(1, math.ceil(lag_keep_ratio * self.lag_len))
 
     def before_compress(self, cur: Tensor) -> None:
+        self.score_partition(cur, True)
+
+    def before_bulk(self, cur: Tensor) -> None:
+        # Every partition whose successor the chunk completed: at most ceil(chunk / L).
+        L = self.lag_len
+        last_end = cur - (cur - self.sink + 1) % L  # the latest completion point <= cur
+        for p in range(-(-self.chunk // L)):
+            end = last_end - p * L
+            self.score_partition(end, (end > cur - self.chunk).view(-1, 1, 1))
+
+    def score_partition(self, cur: Tensor, within) -> None:
+        """If a successor partition ends at cur [B, 1, 1] (and `within`), score its
+        predecessor."""
         L = self.lag_len
         cur = cur.view(-1, 1)  # [B, 1]
         done = cur - self.sink + 1  # tokens after the sink, this one included
-        ready = (((done % L) == 0) & (done >= 2 * L)).unsqueeze(-1)  # [B, 1, 1]
+        ready = (((done % L) == 0) & (done >= 2 * L)).unsqueeze(-1) & within  # [B, 1, 1]
         # Partition j ends L tokens before cur; its successor ends at cur (slots [B, L]).
         ar = torch.arange(L, device=cur.device)
         part = self.fast_slot((cur - 2 * L + 1 + ar).clamp(min=self.sink))

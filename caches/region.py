@@ -26,6 +26,14 @@ the token just attended, per row):
                               wants_probs; positions [B, T])
     score(cur)                per-slot score [B, Hkv, C]: the middle slot with the lowest goes
     remove(victim, do, cur)   evict (default) or merge the victim
+    remove_bulk(victims, do, cur)   the same for several victims per head at once (bulk
+                              prompt compression, below)
+
+Prompt chunks compress token by token (`prompt_compression="chunked"`, the default: one
+compression step per chunk token, in order) or in one pass (`"bulk"`): every token that left
+the window during the chunk and every middle token are candidates; the n lowest-scored go at
+once (scores taken once, after the chunk; ties: oldest first), n = candidates - middle (at
+least every candidate scored -inf), then the survivors move into free middle slots.
 """
 from __future__ import annotations
 
@@ -45,17 +53,19 @@ class RegionCache(KVCache):
     """Base region cache; as it stands, the middle keeps its oldest tokens out (FIFO)."""
 
     compiled_compress = None  # RegionCache.compress_step compiled, shared by every layer
+    compiled_bulk = None      # RegionCache.compress_bulk compiled, shared by every layer
     stats: tuple = ()    # names of per-slot float32 statistics
     has_middle = True
 
     def __init__(self, batch_size: int, n_kv_heads: int, head_dim: int, max_seq_length: int,
                  dtype: torch.dtype, rope: Tensor, *, sink: int, window: int, middle: int,
                  chunk: int = 32, middle_int8: bool = False, positions: str = "original",
-                 layer_id: int = 0, seed: int = 0):
+                 prompt_compression: str = "chunked", layer_id: int = 0, seed: int = 0):
         super().__init__(rope, layer_id)
         B, H, D = batch_size, n_kv_heads, head_dim
         self.sink, self.window, self.middle, self.chunk = sink, window, middle, chunk
         self.positions = positions
+        self.bulk = prompt_compression == "bulk"
         self.unbounded = positions == "cache"
         self.n_fast = sink + window + chunk
         self.n_mid = middle + 1  # one spare slot receives the token leaving the window
@@ -118,16 +128,26 @@ class RegionCache(KVCache):
             return self.k.float()
         return torch.cat([self.k_fast.float(), dequantize_int8(self.k_mid, self.k_scale)], dim=2)
 
+    def all_values(self) -> Tensor:
+        """Values of every global slot [B, H, C, D] in float32."""
+        if not self.middle_int8:
+            return self.v.float()
+        return torch.cat([self.v_fast.float(), dequantize_int8(self.v_mid, self.v_scale)], dim=2)
+
     def read_v(self, g: Tensor) -> Tensor:
-        """Values at global slots g [B, H] -> [B, H, D] float32, from whichever region."""
+        """Values at global slots g [B, H] (or [B, H, K]) -> [B, H, D] ([B, H, K, D]) float32,
+        from whichever region."""
+        return self._read_v(g.unsqueeze(-1)).squeeze(2) if g.dim() == 2 else self._read_v(g)
+
+    def _read_v(self, g: Tensor) -> Tensor:
         D = self.v_fast.shape[-1]
-        f = g.clamp(max=self.n_fast - 1).unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, D)
-        m = (g - self.n_fast).clamp(min=0).unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, D)
+        f = g.clamp(max=self.n_fast - 1).unsqueeze(-1).expand(*g.shape, D)
+        m = (g - self.n_fast).clamp(min=0).unsqueeze(-1).expand(*g.shape, D)
         fast = self.v_fast.gather(2, f).float()
         mid = self.v_mid.gather(2, m)
         mid = dequantize_int8(mid, self.v_scale.gather(2, m[..., :1])) if self.middle_int8 \
             else mid.float()
-        return torch.where((g < self.n_fast).unsqueeze(-1).unsqueeze(-1), fast, mid).squeeze(2)
+        return torch.where((g < self.n_fast).unsqueeze(-1), fast, mid)
 
     def write_v(self, g: Tensor, value: Tensor, do: Tensor) -> None:
         """Write value [B, H, D] at global slots g [B, H] where do [B, H]."""
@@ -148,6 +168,21 @@ class RegionCache(KVCache):
             put_slots(self.v_scale, m[..., :1], torch.where(keep, s, old_s))
         else:
             put_slots(self.v_mid, m, torch.where(keep, value.to(old.dtype), old))
+
+    def write_all_v(self, value: Tensor, do: Tensor) -> None:
+        """Write value [B, H, C, D] (float32) at every global slot where do [B, H, C]: one pass
+        over the buffers, for updates of many slots at once (no scatter, so no two writes of
+        one slot can race)."""
+        do = do.unsqueeze(-1)
+        fast = value[:, :, :self.n_fast]
+        self.v_fast.copy_(torch.where(do[:, :, :self.n_fast], fast.to(self.v.dtype), self.v_fast))
+        mid, do_mid = value[:, :, self.n_fast:], do[:, :, self.n_fast:]
+        if self.middle_int8:
+            q, s = quantize_int8(mid)
+            self.v_mid.copy_(torch.where(do_mid, q, self.v_mid))
+            self.v_scale.copy_(torch.where(do_mid, s, self.v_scale))
+        else:
+            self.v_mid.copy_(torch.where(do_mid, mid.to(self.v.dtype), self.v_mid))
 
     # ---- the contract ------------------------------------------------------------------------
     def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> KVView:
@@ -194,9 +229,13 @@ class RegionCache(KVCache):
         if probs is not None:
             # A KV head's attention is the mean over the query heads of its group.
             self.accumulate(probs.mean(dim=2), input_pos)
+        T = input_pos.shape[1]
+        if T > 1 and self.bulk:  # the whole chunk in one pass
+            bulk = self.compiled_bulk or RegionCache.compress_bulk
+            bulk(self, input_pos[:, -1:].unsqueeze(-1))
+            return
         # A prompt chunk compresses token by token: the compiled step (set by compile_decode)
         # turns ~25 small eager ops per token and layer into one call.
-        T = input_pos.shape[1]
         compress = self.compiled_compress if T > 1 and self.compiled_compress else \
             RegionCache.compress_step
         for i in range(T):
@@ -250,6 +289,66 @@ class RegionCache(KVCache):
             stat = getattr(self, name)
             put_slots(stat, g, stat.gather(2, r))
 
+    def compress_bulk(self, cur: Tensor) -> None:
+        """After a prompt chunk ending at position cur [B, 1, 1] was attended: one pass. The
+        candidates are the middle tokens and the fast tokens that left the window (at most
+        `chunk`: everything older went at the previous pass); the n lowest-scored go at once,
+        n = candidates - middle, but at least every candidate scored -inf (LagKV's unselected
+        tokens); then the surviving fast tokens move into free middle slots."""
+        self.before_bulk(cur)
+        B, H, C = self.pos.shape
+        slot = torch.arange(C, device=cur.device)
+        in_fast = slot < self.n_fast
+        left = in_fast & (self.pos >= self.sink) & (self.pos <= cur - self.window)
+        cand = left | (~in_fast & (self.pos >= 0))
+        score = torch.where(cand, self.score(cur), float("inf"))
+        excess = cand.sum(-1) - self.middle
+        n = torch.maximum(excess, (score == float("-inf")).sum(-1))  # [B, H]
+        # Candidates by score, ties by position (oldest first); at most `chunk` go.
+        by_pos = torch.where(cand, self.pos, FAR).argsort(dim=-1, stable=True)
+        by_score = score.gather(-1, by_pos).argsort(dim=-1, stable=True)
+        K = min(self.chunk, C)
+        victims = by_pos.gather(-1, by_score)[..., :K]  # global slots [B, H, K]
+        do = torch.arange(K, device=cur.device) < n.unsqueeze(-1)
+        self.remove_bulk(victims, do, cur)
+        self.move_left_to_middle(cur)
+
+    def later_survivors(self, victims: Tensor, do: Tensor) -> Tensor:
+        """[B, H, K, C]: slot c holds a token that stays (it is not among the victims that go,
+        where do [B, H, K]) and comes after victim k (victims [B, H, K], global slots)."""
+        gone = torch.zeros_like(self.pos, dtype=torch.bool).scatter(-1, victims, do)
+        stays = (self.pos >= 0) & ~gone
+        return stays.unsqueeze(2) & (self.pos.unsqueeze(2) >
+                                     self.pos.gather(-1, victims).unsqueeze(-1))
+
+    def move_left_to_middle(self, cur: Tensor) -> None:
+        """Every fast token that left the window moves into a free middle slot (per head: the
+        i-th such token, in slot order, into the i-th free slot)."""
+        B, H, _, D = self.k_fast.shape
+        fast_pos = self.pos[..., :self.n_fast]
+        moving = (fast_pos >= self.sink) & (fast_pos <= cur - self.window)
+        K = min(self.chunk, self.n_mid)
+        src = (~moving).int().argsort(dim=-1, stable=True)[..., :K]  # [B, H, K] moving first
+        ok = moving.gather(-1, src)
+        free = self.pos[..., self.n_fast:] < 0
+        dst = (~free).int().argsort(dim=-1, stable=True)[..., :K]    # free middle slots first
+        s4, d4, ok4 = (x.unsqueeze(-1).expand(B, H, K, D) for x in (src, dst, ok))
+        k, v = self.k_fast.gather(2, s4), self.v_fast.gather(2, s4)
+        if self.middle_int8:
+            for (q, s), buf, scale in ((quantize_int8(k), self.k_mid, self.k_scale),
+                                       (quantize_int8(v), self.v_mid, self.v_scale)):
+                put_slots(buf, d4, torch.where(ok4, q, buf.gather(2, d4)))
+                d1, ok1 = d4[..., :1], ok4[..., :1]
+                put_slots(scale, d1, torch.where(ok1, s, scale.gather(2, d1)))
+        else:
+            for x, buf in ((k, self.k_mid), (v, self.v_mid)):
+                put_slots(buf, d4, torch.where(ok4, x, buf.gather(2, d4)))
+        g = dst + self.n_fast
+        for name in ("pos", *self.stats):
+            stat = getattr(self, name)
+            put_slots(stat, g, torch.where(ok, stat.gather(2, src), stat.gather(2, g)))
+        put_slots(self.pos, src, torch.where(ok, -1, self.pos.gather(2, src)))
+
     def must_remove(self, valid: Tensor, score: Tensor, victim: Tensor) -> Tensor:
         return valid.sum(-1) > self.middle
 
@@ -261,6 +360,10 @@ class RegionCache(KVCache):
     def before_compress(self, cur: Tensor) -> None:
         pass
 
+    def before_bulk(self, cur: Tensor) -> None:
+        """Before a bulk pass over the chunk ending at cur (what before_compress does for each
+        of its tokens)."""
+
     def accumulate(self, p: Tensor, positions: Tensor) -> None:
         pass
 
@@ -269,6 +372,10 @@ class RegionCache(KVCache):
 
     def remove(self, victim: Tensor, do: Tensor, cur: Tensor) -> None:
         self.evict(victim, do)
+
+    def remove_bulk(self, victims: Tensor, do: Tensor, cur: Tensor) -> None:
+        """victims [B, H, K] global slots, removed where do [B, H, K]."""
+        put_slots(self.pos, victims, torch.where(do, -1, self.pos.gather(2, victims)))
 
 
 def coarse(score: Tensor, step: float = 2.0**-12) -> Tensor:

@@ -41,6 +41,30 @@ class WeightedKVCache(RegionCache):
             self.write_v(r, merged, do)
         self.evict(victim, do)
 
+    def remove_bulk(self, victims: Tensor, do: Tensor, cur: Tensor) -> None:
+        """Several victims at once: each merges into its right neighbour among the tokens that
+        stay, so a run of victims merges into one neighbour r:
+        V_r <- (s_r V_r + sum_j s_j V_j) / (s_r + sum_j s_j)."""
+        if self.merge:
+            into = self.into_survivor(victims, do)           # [B, H, K, C] one-hot
+            s = self.score(cur)                             # [B, H, C]
+            s_j = s.gather(-1, victims) * do               # [B, H, K]
+            w = into.float() * s_j.unsqueeze(-1)           # [B, H, K, C]
+            num = w.transpose(-1, -2) @ self.read_v(victims)  # [B, H, C, D]
+            total = w.sum(2) + s
+            merged = (num + s.unsqueeze(-1) * self.all_values()) / \
+                total.clamp(min=1e-30).unsqueeze(-1)
+            self.write_all_v(merged, into.any(2) & (total > 0))
+        super().remove_bulk(victims, do, cur)
+
+    def into_survivor(self, victims: Tensor, do: Tensor) -> Tensor:
+        """One-hot [B, H, K, C] of each going victim's right neighbour among the tokens that
+        stay (the next retained position)."""
+        later = self.later_survivors(victims, do)
+        r = torch.where(later, self.pos.unsqueeze(2), FAR).argmin(dim=-1, keepdim=True)
+        slot = torch.arange(self.pos.shape[-1], device=victims.device)
+        return (slot == r) & do.unsqueeze(-1) & later.any(dim=-1, keepdim=True)
+
 
 class WeightedKVEvictCache(WeightedKVCache):
     """WeightedKV's ablation (paper Fig. 4): the same victim, its value dropped, not merged."""

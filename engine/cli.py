@@ -124,7 +124,7 @@ def run(main) -> None:
 
 def add_cache_arguments(p) -> None:
     """The cache flags shared by generate.py, eval.py and bench.py."""
-    from caches import DEFAULT_CACHE_SIZE, POLICIES
+    from caches import DEFAULT_CACHE_SIZE, POLICIES, PROMPT_COMPRESSION
     p.add_argument("--cache", choices=list(POLICIES), default="full",
                    help="KV cache policy (see --list_caches)")
     p.add_argument("--list_caches", action="store_true", help="list the cache policies and exit")
@@ -149,6 +149,10 @@ def add_cache_arguments(p) -> None:
                         "says which)")
     p.add_argument("--prefill_chunk", type=positive_int, default=None,
                    help="prompt chunk size of compressing policies (default 32)")
+    p.add_argument("--prompt_compression", choices=list(PROMPT_COMPRESSION), default=None,
+                   help="how a compressing policy shrinks a prompt chunk: chunked (default: "
+                        "token by token, in order) or bulk (one pass per chunk: the lowest-"
+                        "scored tokens go at once; a faster first token)")
     # Policy options: None = not given, so a policy that has no such option can refuse it.
     p.add_argument("--forgetting_factor", type=finite_float, default=None,
                    help="a2sf, in [0, 1] (default 0.2)")
@@ -158,6 +162,8 @@ def add_cache_arguments(p) -> None:
 
 
 POLICY_OPTIONS = ("forgetting_factor", "merge_span", "lag", "lag_keep_ratio")
+# Flags of the region cache, which `full` refuses.
+REGION_FLAGS = ("sink", "window", "prefill_chunk", "prompt_compression")
 
 
 def round_up(n: int, multiple: int = 64) -> int:
@@ -257,9 +263,11 @@ def cache_factory_from_args(args, seed: int = 0):
     region = {}
     if args.cache != "full":
         region = dict(cache_size=args.cache_size, sink=args.sink, window=args.window,
-                      chunk=args.prefill_chunk or DEFAULT_CHUNK, seed=seed)
-    elif any(getattr(args, a) is not None for a in ("sink", "window", "prefill_chunk")):
-        raise UserError("--sink/--window/--prefill_chunk apply to compressing policies, not full")
+                      chunk=args.prefill_chunk or DEFAULT_CHUNK,
+                      prompt_compression=args.prompt_compression or "chunked", seed=seed)
+    elif any(getattr(args, a) is not None for a in REGION_FLAGS):
+        raise UserError("--sink/--window/--prefill_chunk/--prompt_compression apply to "
+                        "compressing policies, not full")
     return make_cache_factory(args.cache, kv_middle=args.kv_middle, positions=args.positions,
                               **region, **options)
 

@@ -62,7 +62,8 @@ def run_block(layer: torch.nn.Module, x: Tensor, input_pos: Tensor, cache) -> Te
     return layer(x, input_pos, cache)
 
 
-_COMPRESS = {}  # backend -> RegionCache.compress_step compiled with it (shared by every session)
+_COMPRESS = {}  # backend -> RegionCache's compression steps compiled with it (shared by every
+#                session): (token by token, one pass per chunk)
 
 
 def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=()) -> Callable:
@@ -75,7 +76,8 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     share its graph (parameters and cache buffers are graph inputs), so compiling costs one
     block (seconds) instead of the whole unrolled model (minutes), and the step is as fast. The
     embedding lookup, head and sampling stay eager: one large matmul each, nothing to fuse.
-    Prompt chunks of compressing `caches` compress token by token through one compiled step.
+    Prompt chunks of compressing `caches` compress token by token through one compiled step
+    (or in one compiled pass, with bulk prompt compression).
     """
     # One graph per cache policy and batch shape (the block step is one function for all): a
     # process that compiles many of them (bench.py, sweeps) needs more than dynamo's default 8.
@@ -89,11 +91,11 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
         return torch.compile(fn, mode="reduce-overhead", fullgraph=True, backend=backend)
     model.block_step = torch.compile(run_block, fullgraph=True, dynamic=False, backend=backend)
     if backend not in _COMPRESS:  # keyed by the backend itself: a test's counter stays alive
-        _COMPRESS[backend] = torch.compile(RegionCache.compress_step, fullgraph=True,
-                                           dynamic=False, backend=backend)
+        _COMPRESS[backend] = [torch.compile(f, fullgraph=True, dynamic=False, backend=backend)
+                              for f in (RegionCache.compress_step, RegionCache.compress_bulk)]
     for cache in caches:
         if isinstance(cache, RegionCache):
-            cache.compiled_compress = _COMPRESS[backend]
+            cache.compiled_compress, cache.compiled_bulk = _COMPRESS[backend]
     return fn
 
 

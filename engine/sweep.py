@@ -40,8 +40,8 @@ from typing import Optional
 from core.errors import UserError
 from engine.files import check_writable, write_atomic
 
-POLICY_KEYS = ("kv_middle", "positions", "sink", "window", "prefill_chunk", "forgetting_factor",
-               "merge_span", "lag", "lag_keep_ratio")
+POLICY_KEYS = ("kv_middle", "positions", "sink", "window", "prefill_chunk", "prompt_compression",
+               "forgetting_factor", "merge_span", "lag", "lag_keep_ratio")
 TOP_KEYS = ("out_dir", "checkpoint_path", "dtype", "device", "compile", "seed", "max_tokens",
             "corpora", "corpus_dir", "cache_sizes", "size_dtype", "policies", "curve_policies",
             "passkey")
@@ -102,7 +102,8 @@ class PolicySpec:
         common = dict(kv_middle=opts.pop("kv_middle", "model"),
                       positions=opts.pop("positions", "original"))
         if self.is_full:
-            region = [k for k in ("sink", "window", "prefill_chunk") if k in opts]
+            region = [k for k in ("sink", "window", "prefill_chunk", "prompt_compression")
+                      if k in opts]
             if region:
                 raise UserError(f"policy {self.label}: {', '.join(region)} apply to compressing "
                                 f"policies, not full")
@@ -152,7 +153,7 @@ def parse_policy(entry, where: str) -> PolicySpec:
         raise UserError(f"{where}: a policy is a name or a table, got {entry!r}")
     if name not in POLICIES:
         raise UserError(f"{where}: unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
-    defaults = {"kv_middle": "model", "positions": "original"}
+    defaults = {"kv_middle": "model", "positions": "original", "prompt_compression": "chunked"}
     opts = {k: v for k, v in opts.items() if defaults.get(k, object()) != v}
     return PolicySpec(name, tuple(sorted(opts.items())))
 

@@ -189,10 +189,10 @@ def test_quantized_cache_bytes_about_half_of_full_in_bf16():
 
 # ---- hand-worked examples: one cache, K/V and attention fed by hand --------------------------
 
-def standalone(cls, sink, window, middle, D=4, B=1, H=1, **kw):
+def standalone(cls, sink, window, middle, D=4, B=1, H=1, chunk=1, **kw):
     rope = rope_table(64, D, 10000.0, None)
     return cls(B, H, D, 64, torch.float32, rope, sink=sink, window=window, middle=middle,
-               chunk=1, **kw)
+               chunk=chunk, **kw)
 
 
 def step(cache, t, value, probs):
@@ -400,6 +400,112 @@ def test_lagkv_selection_matches_the_formula():
         assert kept == {sink + i for i in top[h].tolist()}
 
 
+# ---- bulk prompt compression: one pass per chunk ---------------------------------------------
+
+def by_position(cache):
+    """Per (row, head): {position: (key, value, statistics)} of every retained token, so caches
+    that place tokens in other slots compare equal."""
+    k, v = cache.all_keys(), cache.all_values()
+    stats = [getattr(cache, name) for name in cache.stats]
+    out = {}
+    for b in range(cache.pos.shape[0]):
+        for h in range(cache.pos.shape[1]):
+            out[b, h] = {p: (k[b, h, c], v[b, h, c], [s[b, h, c] for s in stats])
+                         for c, p in enumerate(cache.pos[b, h].tolist()) if p >= 0}
+    return out
+
+
+def bulk_commit(cache, input_pos, probs):
+    """commit, with this step's compression done as a bulk pass."""
+    if probs is not None:
+        cache.accumulate(probs.mean(dim=2), input_pos)
+    cache.compress_bulk(input_pos[:, -1:].unsqueeze(-1))
+
+
+@pytest.mark.parametrize("name", COMPRESSING)
+def test_a_bulk_pass_over_one_token_is_the_token_step(name):
+    """With one token leaving the window, the bulk pass picks the victim the token step picks
+    and removes (merges) it the same way: the same tokens, keys, values and statistics. (Not
+    with an INT8 middle: the token step quantizes the token that leaves before it is scored or
+    merged; the bulk pass scores and merges its exact key and value.)"""
+    import copy
+    import functools
+    model = tiny_model()
+    factory = make_cache_factory(name, cache_size=BUDGET, chunk=8)
+    caches = build_caches(model, 2, 128, factory)
+    ids = torch.randint(0, 256, (2, 60), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        for t in range(40):
+            model(ids[:, t:t + 1], torch.tensor([t]), caches)
+        bulk = copy.deepcopy(caches)
+        for c in bulk:
+            c.commit = functools.partial(bulk_commit, c)
+        for t in range(40, 60):  # the fill is long over: every step removes a token
+            a = model(ids[:, t:t + 1], torch.tensor([t]), caches)
+            b = model(ids[:, t:t + 1], torch.tensor([t]), bulk)
+            assert (a - b).abs().max() < 1e-4  # slot order changes summation order only
+    for c, d in zip(caches, bulk):
+        want, got = by_position(c), by_position(d)
+        for key in want:
+            assert sorted(want[key]) == sorted(got[key])
+            for p, (k, v, stats) in want[key].items():
+                k2, v2, stats2 = got[key][p]
+                assert torch.allclose(k, k2, atol=1e-5) and torch.allclose(v, v2, atol=1e-5)
+                assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(stats, stats2))
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_weightedkv_bulk_pass_merges_a_run_of_victims_into_one_neighbour(int8):
+    """Sink 1, window 2, middle 1; tokens 0-2 one by one, then a chunk of 4 (positions 3-6)
+    in one pass. Candidates 1-4 (left the window), middle 1: the best (position 2) stays,
+    1, 3 and 4 go. 1 merges into 2; 3 and 4 both merge into 5, their next retained token:
+    V5 <- (s3 V3 + s4 V4 + s5 V5) / (s3 + s4 + s5), s = a / n at cur = 6."""
+    cache = standalone(WeightedKVCache, sink=1, window=2, middle=1, chunk=4, middle_int8=int8,
+                       prompt_compression="bulk")
+    value = {t: 2.0 * t + 1 for t in range(7)}
+    for t in range(3):
+        step(cache, t, value[t], {})
+    x = torch.tensor([value[t] for t in range(3, 7)]).view(1, 1, 4, 1).expand(1, 1, 4, 4)
+    positions = torch.tensor([[3, 4, 5, 6]])
+    cache.update(positions, x, x, x)
+    acc = {0: 0.3, 1: 0.05, 2: 0.6, 3: 0.1, 4: 0.05, 5: 0.4, 6: 0.0}
+    p = torch.zeros(1, 1, 1, 4, cache.capacity)
+    for slot, pos in enumerate(cache.pos[0, 0].tolist()):
+        p[..., 0, slot] = acc.get(pos, 0.0)
+    cache.commit(positions, p)
+    assert sorted(q for q in cache.pos[0, 0].tolist() if q >= 0) == [0, 2, 5, 6]
+    assert 2 in cache.pos[0, 0, cache.n_fast:].tolist()  # the survivor moved into the middle
+    s = {q: acc[q] / (6 - q + 1) for q in acc}
+    v2 = (s[1] * value[1] + s[2] * value[2]) / (s[1] + s[2])
+    v5 = (s[3] * value[3] + s[4] * value[4] + s[5] * value[5]) / (s[3] + s[4] + s[5])
+    assert torch.allclose(value_at(cache, 2), torch.full((4,), v2), atol=0.05 if int8 else 1e-5)
+    assert torch.allclose(value_at(cache, 5), torch.full((4,), v5), atol=1e-5)
+    assert torch.allclose(value_at(cache, 6), torch.full((4,), value[6]))
+
+
+@pytest.mark.parametrize("name", ["weightedkv", "cam", "lagkv", "knorm"])
+def test_bulk_prompt_compression_compiled_matches_eager(name):
+    torch._dynamo.reset()
+    model = tiny_model()
+    factory = make_cache_factory(name, cache_size=BUDGET, chunk=8, prompt_compression="bulk")
+    prompt = list(range(1, 60))
+    gen = Generator(model, max_seq_length=256, make_cache=factory)
+    expected = gen.generate(prompt, 20).new_ids[0]
+    chunked = Generator(model, max_seq_length=256, make_cache=make_cache_factory(
+        name, cache_size=BUDGET, chunk=8)).generate(prompt, 20).new_ids[0]
+    counter = CompileCounterWithBackend("inductor")
+    compile_decode(decode_one_token, model, backend=counter, caches=gen.caches)
+    assert gen.generate(prompt, 20).new_ids[0] == expected
+    assert counter.frame_count == 2  # the block step and the chunk's bulk pass
+    assert gen.generate(prompt, 20).new_ids[0] == expected and counter.frame_count == 2
+    # a prompt within the budget is not compressed at all: bulk and chunked agree exactly
+    short = list(range(1, 12))
+    assert Generator(model, 256, make_cache=factory).generate(short, 8).new_ids == \
+        Generator(model, 256, make_cache=make_cache_factory(name, cache_size=BUDGET, chunk=8)
+                  ).generate(short, 8).new_ids
+    assert len(chunked) == len(expected) == 20
+
+
 # ---- bad input ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs,needle", [
@@ -411,6 +517,8 @@ def test_lagkv_selection_matches_the_formula():
     (dict(name="h2o", lag=4), "no option `lag`"),
     (dict(name="nope"), "unknown cache policy"),
     (dict(name="lagkv", lag=1000), "`lag`"),
+    (dict(name="h2o", prompt_compression="oneshot"), "`prompt_compression`"),
+    (dict(name="full", prompt_compression="bulk"), "`prompt_compression`"),
 ])
 def test_bad_cache_configurations_are_one_line_errors(kwargs, needle):
     name = kwargs.pop("name")
