@@ -5,7 +5,9 @@ the cache when decoding is timed), eager and/or compiled: decode tokens/s (media
 prefill tokens/s, time to first token, compile time, peak memory, cache bytes, bytes read per
 decode token (weights + the K/V attention reads) and the bandwidth that implies, as a fraction of
 the machine's own streaming-read bandwidth (measured once per run). `--peer transformers` runs
-the same weights, prompt ids, dtype and token count through `transformers` in the same process.
+the same weights, prompt ids, dtype and token count through `transformers` in the same process;
+`--peer llama.cpp` writes the same weights to a GGUF (F32, F16 or BF16 as the run's dtype; Q8_0
+for an INT8 checkpoint) and runs it through llama-cpp-python on the same threads.
 
 With --batch_size B, B copies of the prompt decode together: tok/s counts all B sequences, while
 ms/tok and MB/tok are per decode step (each sequence's latency, and the bytes the step reads: the
@@ -37,7 +39,9 @@ from core.errors import UserError
 
 ROOT = Path(__file__).resolve().parent
 TEXT_FILES = (ROOT / "data" / "corpora" / "wiki.txt", ROOT / "tests" / "data" / "kjv_genesis_1_2.txt")
-PEER_INSTALL = "pip install transformers==5.23.0 (requirements-dev.txt)"
+PEER_INSTALL = {"transformers": "pip install transformers==5.23.0 (requirements-dev.txt)",
+                "llama.cpp": "pip install llama-cpp-python==0.3.36 (it builds llama.cpp: many "
+                             "minutes on 2 cores)"}
 
 
 # ---- arguments ---------------------------------------------------------------------------------
@@ -76,8 +80,9 @@ def build_parser() -> Parser:
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs; medians reported")
     p.add_argument("--compile", choices=["on", "off", "both"], default="both",
                    help="time the compiled decode step, the eager one, or both")
-    p.add_argument("--peer", choices=["transformers"], default=None,
-                   help="also run the same weights through this library and report the ratio")
+    p.add_argument("--peer", choices=["transformers", "llama.cpp"], default=None,
+                   help="also run the same weights through this library and report the ratio "
+                        "(llama.cpp: the full cache only)")
     p.add_argument("--text_file", default=None,
                    help="text of the context prompt (default: data/corpora/wiki.txt if prepared, "
                         "else tests/data/kjv_genesis_1_2.txt; repeated when too short)")
@@ -417,6 +422,96 @@ def bench_peer(hf, policy, settings, context, prompt, args, device):
                 peak_memory_bytes=peak_memory(device), new_ids=new_ids), None
 
 
+# ---- the llama.cpp peer --------------------------------------------------------------------------
+
+def gguf_weight_type(cfg: dict, dtype) -> str:
+    """llama.cpp's weight format closest to what the engine runs."""
+    quant = cfg.get("quantization")
+    if quant:
+        if quant.get("mode") != "int8":
+            raise UserError(f"--peer llama.cpp compares float and int8 checkpoints; this one is "
+                            f"{quant.get('mode')}")
+        return "Q8_0"
+    return {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}[dtype]
+
+
+def llama_cpp_gguf(model, cfg, ckpt, dtype, device, out_dir: Path):
+    """(path, weight type) of the engine's weights written as a GGUF for llama.cpp."""
+    from engine.export import export_gguf
+    source = str(cfg.get("source") or "")
+    gguf_source = Path(source.removeprefix("gguf:"))
+    if not source.startswith("gguf:") or not gguf_source.is_file():
+        raise UserError(f"--peer llama.cpp takes its vocabulary and metadata from the GGUF a "
+                        f"checkpoint was converted from; {ckpt} came from {source!r}")
+    weight_type = gguf_weight_type(cfg, dtype)
+    state = peer_float_model(model, cfg, ckpt, torch.float32, device).state_dict()
+    name = f"{Path(ckpt).name}-{weight_type}.gguf"
+    return export_gguf(state, model.args, gguf_source, out_dir / name, weight_type), weight_type
+
+
+def bench_llama_cpp(llm, label, context, prompt, args):
+    """Prefill the prompt, then new_tokens greedy decode steps, through llama.cpp's own eval;
+    medians of --repeats, after a warm-up."""
+    import llama_cpp
+    import numpy as np
+
+    def greedy() -> int:  # the last position's logits, read in place
+        logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),))))
+
+    def generate(ids, n):
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        out = [greedy()]
+        t1 = time.perf_counter()
+        for _ in range(n):
+            llm.eval(out[-1:])
+            out.append(greedy())
+        return t1 - t0, time.perf_counter() - t1, out
+
+    reset_peak_memory(torch.device("cpu"))
+    generate(prompt[:48], 3)
+    runs = [generate(prompt, args.new_tokens) for _ in range(args.repeats)]
+    ttft = statistics.median(r[0] for r in runs)
+    decode_s = statistics.median(r[1] for r in runs)
+    tps = args.new_tokens / decode_s
+    return dict(engine="llama.cpp", policy="full", peer_cache=label, cache_size=None,
+                kv_middle="model", positions="original", context=context, compiled=False,
+                new_tokens=args.new_tokens, decode_tokens_per_s=tps,
+                decode_ms_per_token=1e3 / tps, prefill_tokens_per_s=context / ttft,
+                ttft_s=ttft, peak_memory_bytes=peak_memory(torch.device("cpu")),
+                new_ids=runs[0][2])
+
+
+def run_llama_cpp(model, cfg, ckpt, dtype, device, factories, prompt, args, notes) -> list:
+    import tempfile
+
+    import llama_cpp
+    if device.type != "cpu":
+        raise UserError("--peer llama.cpp runs on the CPU here; use --device cpu")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="regionkv-peer-") as tmp:
+        path, weight_type = llama_cpp_gguf(model, cfg, ckpt, dtype, device, Path(tmp))
+        threads = torch.get_num_threads()
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=max(args.contexts) + args.new_tokens + 8,
+                              n_threads=threads, n_threads_batch=threads, logits_all=False,
+                              verbose=False)
+        label = f"llama.cpp via llama-cpp-python {llama_cpp.__version__}, GGUF {weight_type}"
+        notes.append(f"peer: {label} (the engine's weights, written by engine/export.py), "
+                     f"{threads} threads; prefill = eval of the prompt ids, decode = "
+                     f"{args.new_tokens} single-token evals with a greedy argmax, medians of "
+                     f"{args.repeats}")
+        for policy in factories:
+            if policy != "full":
+                notes.append(f"{policy}: llama.cpp has no counterpart (full cache only)")
+                continue
+            for ctx in args.contexts:
+                rows.append(bench_llama_cpp(llm, label, ctx, prompt[:ctx], args))
+        del llm
+    return rows
+
+
 def add_peer_ratios(rows, peer_rows) -> None:
     for p in peer_rows:
         p["engine_over_peer"], p["tokens_match"] = {}, None
@@ -498,7 +593,7 @@ def print_table(result) -> None:
     for p in result["peer_rows"]:
         ratios = ", ".join(f"{k} {v:.2f}x" for k, v in p["engine_over_peer"].items()) or "-"
         match = {None: "", True: ", greedy tokens match", False: ", greedy tokens DIFFER"}
-        print(f"{'transformers':<13}{'eager':<9}{p['policy']:<18}{p['context']:>6}{1:>3}"
+        print(f"{p['engine']:<13}{'eager':<9}{p['policy']:<18}{p['context']:>6}{1:>3}"
               f"{fmt(p['decode_tokens_per_s'], '.1f'):>9}{fmt(p['decode_ms_per_token'], '.2f'):>8}"
               f"{'':>8}{p['prefill_tokens_per_s']:>10.0f}{p['ttft_s']:>8.3f}   "
               f"[{p['peer_cache']}; engine/peer {ratios}{match[p['tokens_match']]}]")
@@ -516,12 +611,13 @@ def main(argv=None) -> None:
     notes = []
     policy_factories(args, [])  # bad cache flags fail before loading
     transformers = None
-    if args.peer == "transformers":
-        try:
-            import transformers  # the benchmark's peer only; the engine never imports it
-        except ImportError:
-            raise UserError(f"--peer transformers needs the transformers package: "
-                            f"{PEER_INSTALL}") from None
+    if args.peer:
+        module = {"transformers": "transformers", "llama.cpp": "llama_cpp"}[args.peer]
+        if importlib.util.find_spec(module) is None:  # the peers: benchmark only, never the engine
+            raise UserError(f"--peer {args.peer} needs the {module} package: "
+                            f"{PEER_INSTALL[args.peer]}")
+        if args.peer == "transformers":
+            import transformers
     from engine.checkpoint import load_model, read_config
     from engine.default_model import resolve_checkpoint
     from engine.tokenizer import load_tokenizer
@@ -530,7 +626,7 @@ def main(argv=None) -> None:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     tp = start_tp(device)  # under torchrun: figures are per rank (engine/tp.py)
-    if tp and transformers is not None:
+    if tp and args.peer:
         raise UserError("--peer runs one process; run it without torchrun")
     ckpt = resolve_checkpoint(args.checkpoint_path)
     cfg = read_config(ckpt)
@@ -581,7 +677,9 @@ def main(argv=None) -> None:
                     peer_rows.append(row)
                 elif note not in notes:
                     notes.append(note)
-        add_peer_ratios(rows, peer_rows)
+    if args.peer == "llama.cpp":
+        peer_rows = run_llama_cpp(model, cfg, ckpt, dtype, device, factories, prompt, args, notes)
+    add_peer_ratios(rows, peer_rows)
 
     result = {
         "machine": machine, "machine_bandwidth_gbs": bandwidth,
