@@ -164,14 +164,24 @@ class KVSegment(NamedTuple):
 
     def scores(self, q: Tensor) -> Tensor:
         """q [B, Hkv, M, D] -> unscaled q.k [B, Hkv, M, S] in float32."""
-        s = q.float() @ self.k.float().transpose(-1, -2)
-        return s if self.k_scale is None else s * self.k_scale.transpose(-1, -2)
+        if self.k_scale is None:
+            return q.float() @ self.k.float().transpose(-1, -2)
+        if torch.compiler.is_compiling():
+            # Better for Inductor as a reduction: it reads the int8 keys once, widening them
+            # in registers, where a matmul would first write a float32 copy of all of them.
+            s = (q.float().unsqueeze(-2) * self.k.unsqueeze(-3).float()).sum(-1)
+        else:
+            s = q.float() @ self.k.float().transpose(-1, -2)
+        return s * self.k_scale.transpose(-1, -2)
 
     def mix(self, probs: Tensor) -> Tensor:
         """probs [B, Hkv, M, S] (float32) -> probs @ V [B, Hkv, M, D] in float32."""
         if self.v_scale is None:
             return (probs.to(self.v.dtype) @ self.v).float()
-        return (probs * self.v_scale.transpose(-1, -2)) @ self.v.float()
+        p = probs * self.v_scale.transpose(-1, -2)
+        if torch.compiler.is_compiling():  # as in scores: no float32 copy of the int8 values
+            return (p.unsqueeze(-1) * self.v.unsqueeze(-3).float()).sum(-2)
+        return p @ self.v.float()
 
 
 class KVView(NamedTuple):

@@ -88,8 +88,10 @@ def test_compiled_decode_never_recompiles(name, region):
     assert counter.frame_count == (1 if region == "whole-step" else 2)
 
 
-@pytest.mark.parametrize("name", ["weightedkv", "cam"])
+@pytest.mark.parametrize("name", ["weightedkv", "cam", "quantized"])
 def test_inductor_compiled_policy_matches_eager(name):
+    """(quantized: compiled attention reads its int8 middle as a reduction, eager as a
+    matmul.)"""
     torch._dynamo.reset()
     model = tiny_model()
     factory = make_cache_factory(name, cache_size=BUDGET, chunk=8)
