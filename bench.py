@@ -120,9 +120,10 @@ def policy_factories(args, notes: list, cfg: dict = None, dtype=None) -> dict:
                 setattr(ns, flag, defaults.get(flag))
         if cfg is not None and c != "full":
             size_cache_from_mib(ns, cfg, dtype)
-        settings = {"cache_size": None if c == "full" else ns.cache_size,
-                    "kv_middle": ns.kv_middle, "positions": ns.positions}
-        out[c] = (cache_factory_from_args(ns), settings)
+        factory = cache_factory_from_args(ns)
+        out[c] = (factory, prompt_settings(factory, {
+            "cache_size": None if c == "full" else ns.cache_size, "kv_middle": ns.kv_middle,
+            "positions": ns.positions}))
     if "streaming" not in out and any(c not in ("full", "streaming") for c in out):
         # The bookkeeping baseline: sink + window with the same budget, nothing scored or merged.
         ns = argparse.Namespace(**vars(args))
@@ -131,11 +132,20 @@ def policy_factories(args, notes: list, cfg: dict = None, dtype=None) -> dict:
             setattr(ns, o, None)
         if cfg is not None:
             size_cache_from_mib(ns, cfg, dtype)
-        out["streaming"] = (cache_factory_from_args(ns), {
-            "cache_size": ns.cache_size, "kv_middle": "model", "positions": ns.positions})
+        factory = cache_factory_from_args(ns)
+        out["streaming"] = (factory, prompt_settings(factory, {
+            "cache_size": ns.cache_size, "kv_middle": "model", "positions": ns.positions}))
         notes.append("streaming added as the baseline of the per-policy bookkeeping cost "
                      "(overhead_ms_per_token)")
     return out
+
+
+def prompt_settings(factory, settings: dict) -> dict:
+    """settings + how the cache reads a prompt (chunk and compression; None for full)."""
+    spec = factory.spec
+    return dict(settings, prefill_chunk=spec.get("chunk"),
+                prompt_compression=spec.get("prompt_compression", "chunked")
+                if "chunk" in spec else None)
 
 
 # ---- measurements --------------------------------------------------------------------------------

@@ -95,6 +95,7 @@ CACHE_FLAGS = {
     "--kv_middle": st.sampled_from(["model", "int8", "fp4", ""]),
     "--positions": st.sampled_from(["auto", "original", "cache", "rank", ""]),
     "--prefill_chunk": ints(-3, 64, huge=(0, 10**9)),
+    "--prompt_compression": st.sampled_from(["chunked", "bulk", "snap", ""]),
     "--forgetting_factor": FLOATS,
     "--merge_span": ints(-3, 40),
     "--lag": ints(-3, 80),
