@@ -13,6 +13,8 @@ ALL=streaming,h2o,tova,a2sf,weightedkv,weightedkv-evict,cam,lagkv,knorm,keydiff,
 run targets-f32 --contexts 1024,4096 --cache full,$ALL --cache_size 256 --new_tokens 24 --repeats 2 --compile on
 # 2: time to first token at 4k with bulk prompt compression and 128-token chunks
 run targets-bulk-4k --contexts 4096 --cache $ALL --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on
+# 2: full's time to first token at 4k against transformers in the same run
+run targets-prefill-peer --contexts 4096 --cache full --new_tokens 8 --repeats 2 --compile on --peer transformers
 # 1 in bfloat16; 3: an INT8 middle against the same policy without
 run targets-bf16 --dtype bfloat16 --contexts 1024,4096 --cache full,streaming,weightedkv --cache_size 256 --new_tokens 24 --repeats 2 --compile on
 run targets-int8-middle --contexts 1024,4096 --cache h2o,weightedkv --kv_middle int8 --cache_size 256 --new_tokens 24 --repeats 2 --compile on
