@@ -31,10 +31,9 @@ from pathlib import Path
 import torch
 
 from engine.cli import (CHECKPOINT_HELP, DTYPES, POLICY_OPTIONS, REGION_FLAGS, Parser,
-                        add_cache_arguments,
-                        size_cache_from_mib,
-                        cache_factory_from_args, comma_list, list_caches, positive_int,
-                        resolve_device, resolve_dtype, run)
+                        add_cache_arguments, cache_factory_from_args, comma_list,
+                        layer_report, list_caches, positive_int, resolve_device, resolve_dtype,
+                        run, size_cache_from_mib)
 from core.errors import UserError
 
 ROOT = Path(__file__).resolve().parent
@@ -47,9 +46,11 @@ PEER_INSTALL = {"transformers": "pip install transformers==5.23.0 (requirements-
 # ---- arguments ---------------------------------------------------------------------------------
 
 def policy_list(text: str) -> list:
-    from caches import POLICIES
+    """Comma-separated policies; a policy by layer (with --layer_pattern) is slash-separated:
+    full,weightedkv/full."""
+    from caches import POLICIES, layer_policies
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in POLICIES]
+    unknown = [p for n in names for p in layer_policies(n) if p not in POLICIES]
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"unknown cache policy {', '.join(map(repr, unknown))}; "
                                          f"choose from {', '.join(POLICIES)}")
@@ -94,16 +95,20 @@ def policy_factories(args, notes: list, cfg: dict = None, dtype=None) -> dict:
     """policy -> (cache factory, settings): each cache flag goes to the policies it fits; a flag
     that fits none of the listed policies is an error (the factory's own message). With the
     model's config and dtype, --cache_mib sizes each policy."""
-    from caches import POLICIES, policy_options
+    from caches import POLICIES, layer_policies, policy_options
     if args.positions == "auto":  # every timed stream fits the model's context (main checks)
         args.positions = "original"
+    parts = layer_policies  # a policy by layer fits a flag that one of its policies takes
     fits = {
-        "kv_middle": lambda c: args.kv_middle == "model" or POLICIES[c].has_middle,
+        "kv_middle": lambda c: args.kv_middle == "model" or any(POLICIES[p].has_middle
+                                                                for p in parts(c)),
         "positions": lambda c: args.positions == "original" or c != "full",
-        **{o: (lambda c, o=o: getattr(args, o) is None or o in policy_options(c))
+        **{o: (lambda c, o=o: getattr(args, o) is None or any(o in policy_options(p)
+                                                               for p in parts(c)))
            for o in POLICY_OPTIONS},
         **{o: (lambda c, o=o: getattr(args, o) is None or c != "full")
-           for o in REGION_FLAGS},
+           for o in (*REGION_FLAGS, "budget_pattern")},
+        "layer_pattern": lambda c: args.layer_pattern is None or len(parts(c)) > 1,
     }
     for flag, ok in fits.items():
         if not any(ok(c) for c in args.cache):
@@ -121,13 +126,18 @@ def policy_factories(args, notes: list, cfg: dict = None, dtype=None) -> dict:
         if cfg is not None and c != "full":
             size_cache_from_mib(ns, cfg, dtype)
         factory = cache_factory_from_args(ns)
+        layers = {}
+        if cfg is not None:
+            from engine.checkpoint import model_args
+            layers = layer_report(factory, model_args(cfg).n_layer, quiet=True)
         out[c] = (factory, prompt_settings(factory, {
             "cache_size": None if c == "full" else ns.cache_size, "kv_middle": ns.kv_middle,
-            "positions": ns.positions}))
+            "positions": ns.positions, **layers}))
     if "streaming" not in out and any(c not in ("full", "streaming") for c in out):
         # The bookkeeping baseline: sink + window with the same budget, nothing scored or merged.
         ns = argparse.Namespace(**vars(args))
         ns.cache, ns.window, ns.kv_middle = "streaming", None, "model"
+        ns.layer_pattern = ns.budget_pattern = None  # uniform: the plain baseline
         for o in POLICY_OPTIONS:
             setattr(ns, o, None)
         if cfg is not None:

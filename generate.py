@@ -17,7 +17,8 @@ import torch
 from core.errors import UserError, as_flags
 from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_cache_arguments,
                         cache_factory_from_args, cache_slots,
-                        check_run_fits, fit_cache_to_stream, list_caches, non_negative_float,
+                        check_run_fits, fit_cache_to_stream, layer_report, list_caches,
+                        non_negative_float,
                         open_checkpoint, positive_int, resolve_positions, round_up, run, seed_int,
                         size_cache_from_mib)
 
@@ -157,7 +158,7 @@ def main(argv=None) -> None:
         raise UserError("--interactive is a terminal chat; it takes no --json, --num_samples "
                         "or --profile")
     cache_factory_from_args(args, seed=args.seed or 0)  # bad cache flags fail before loading
-    from engine.checkpoint import load_model
+    from engine.checkpoint import load_model, model_args
     from engine.generation import Generator, Session
     from engine.tp import shared_seed
     from engine.tp import start as start_tp
@@ -215,6 +216,7 @@ def main(argv=None) -> None:
                   f"{max_seq_length - len(prompt)} new tokens", file=sys.stderr)
 
     check_run_fits(ckpt, cfg, dtype, device, 1, max_seq_length, make_cache)
+    layers = layer_report(make_cache, model_args(cfg).n_layer, quiet=args.json)
     seed = shared_seed(tp, args.seed)  # ranks sample alike
     if seed is not None:
         torch.manual_seed(seed)
@@ -272,7 +274,7 @@ def main(argv=None) -> None:
 
     memory = {"cache_bytes": gen.cache_bytes, "peak_memory_bytes": peak_memory_bytes(device)}
     if args.json:
-        result = dict(samples[0], **memory, cache=args.cache, positions=positions,
+        result = dict(samples[0], **memory, cache=args.cache, **layers, positions=positions,
                       ranks=tp.world if tp else 1,
                       device=str(device), compile_s=compile_s,
                       dtype=str(dtype).removeprefix("torch."), max_seq_length=max_seq_length)

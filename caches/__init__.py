@@ -4,6 +4,9 @@ Adding a policy: one file with a RegionCache subclass, plus one line in POLICIES
 """
 from __future__ import annotations
 
+import re
+from typing import Optional
+
 import torch
 import torch.nn as nn
 
@@ -76,12 +79,62 @@ def region_sizes(name: str, cache_size: int, sink=None, window=None) -> tuple[in
     return sink, window, middle
 
 
+# ---- per-layer plans: which policy and budget each layer gets ------------------------------
+# A budget pattern maps (layers, mean budget) to one budget per layer summing to layers * mean
+# (the uniform total). Budgets step in BUDGET_LEVELS contiguous groups of layers, so a plan has
+# few distinct layer shapes (each is one compiled graph); rounding's remainder goes to layer 0.
+BUDGET_LEVELS = 4
+
+
+def _sloped(n_layers: int, size: int, first: float, last: float) -> list:
+    levels = min(BUDGET_LEVELS, n_layers)
+    group = [g * levels // n_layers for g in range(n_layers)]
+    scale = [first + (last - first) * g / max(levels - 1, 1) for g in range(levels)]
+    # Groups differ in size by one layer: rescale so that the total is (nearly) exact before
+    # rounding, leaving layer 0 a remainder of a few tokens.
+    norm = n_layers / sum(scale[g] for g in group)
+    budgets = [max(1, round(size * scale[g] * norm)) for g in group]
+    budgets[0] += n_layers * size - sum(budgets)
+    return budgets
+
+
+BUDGET_PATTERNS = {
+    "uniform": lambda n_layers, size: [size] * n_layers,
+    # PyramidKV: lower layers attend broadly and get more (1.5x the mean down to 0.5x).
+    "pyramid": lambda n_layers, size: _sloped(n_layers, size, 1.5, 0.5),
+    "funnel": lambda n_layers, size: _sloped(n_layers, size, 0.5, 1.5),
+}
+# A layer pattern maps (layers, policies) to the index of the policy each layer runs.
+LAYER_PATTERNS = {
+    "repeat": lambda n_layers, n: [i % n for i in range(n_layers)],   # local-global alternation
+    "tile": lambda n_layers, n: [i * n // n_layers for i in range(n_layers)],  # halves (n = 2)
+}
+
+
+def layer_policies(name: str) -> list:
+    """'weightedkv,full' (or 'weightedkv/full', the spelling inside comma lists) -> names."""
+    return [p.strip() for p in re.split(r"[,/]", name)]
+
+
+def keeps_every_token(name: str) -> bool:
+    """No token budget to size: every policy of `name` (one, or one per layer) keeps all."""
+    return all(POLICIES[p].keeps_every_token for p in layer_policies(name))
+
+
 def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=None,
                        window=None, kv_middle: str = "model", positions: str = "original",
                        chunk: int = DEFAULT_CHUNK, prompt_compression: str = "chunked",
-                       seed: int = 0, **options) -> "CacheFactory":
-    """The builder of one layer's cache of policy `name` (see CacheFactory); UserError names
-    a bad setting."""
+                       seed: int = 0, budget_pattern: str = "uniform",
+                       layer_pattern: Optional[str] = None, **options) -> "CacheFactory":
+    """The builder of each layer's cache of policy `name` (see CacheFactory); UserError names
+    a bad setting. `name` may list policies ('weightedkv,full') that `layer_pattern` assigns to
+    layers; `budget_pattern` spreads cache_size * layers over the layers."""
+    names = layer_policies(name)
+    if len(names) > 1 or layer_pattern is not None or budget_pattern != "uniform":
+        return LayeredFactory.make(names, dict(
+            cache_size=cache_size, sink=sink, window=window, kv_middle=kv_middle,
+            positions=positions, chunk=chunk, prompt_compression=prompt_compression, seed=seed,
+            **options), budget_pattern, layer_pattern)
     if name not in POLICIES:
         raise UserError(f"unknown cache policy {name!r}; choose one of {', '.join(POLICIES)}")
     cls = POLICIES[name]
@@ -134,7 +187,7 @@ class CacheFactory:
         self.cls, self.kwargs, self.spec = cls, kwargs, spec
 
     def __call__(self, batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope,
-                 layer_id: int = 0) -> KVCache:
+                 layer_id: int = 0, n_layers: Optional[int] = None) -> KVCache:
         return self.cls(batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope,
                         layer_id=layer_id, **self.kwargs)
 
@@ -142,6 +195,122 @@ class CacheFactory:
     def from_spec(cls, spec: dict) -> "CacheFactory":
         spec = dict(spec)
         return make_cache_factory(spec.pop("policy"), **spec)
+
+    def layers(self, n_layers: int) -> list:
+        """The factory of each layer (one policy, one budget: this one, n_layers times)."""
+        return [self] * n_layers
+
+
+class LayeredFactory(CacheFactory):
+    """Caches that differ by layer: a plan (one single-policy CacheFactory per layer), made from
+    the policies, the layer pattern that assigns them and the budget pattern, once the layer
+    count is known. Each layer's cache is built by its own factory; the rest is unchanged."""
+
+    def __init__(self, names: list, settings: dict, budget_pattern: str,
+                 layer_pattern: Optional[str]):
+        self.names, self.settings = names, settings
+        self.budget_pattern, self.layer_pattern = budget_pattern, layer_pattern
+        self._plans = {}
+        spec = {k: v for k, v in settings.items() if not (k == "prompt_compression"
+                                                          and v == "chunked")}
+        self.spec = dict(spec, policy=",".join(names), budget_pattern=budget_pattern,
+                         layer_pattern=layer_pattern)
+        self.cls = None  # no single class
+
+    @classmethod
+    def make(cls, names, settings, budget_pattern, layer_pattern) -> "LayeredFactory":
+        unknown = [n for n in names if n not in POLICIES]
+        if unknown:
+            raise UserError(f"unknown cache policy {unknown[0]!r}; choose one of "
+                            f"{', '.join(POLICIES)}")
+        if budget_pattern not in BUDGET_PATTERNS:
+            raise UserError(f"unknown `budget_pattern` {budget_pattern!r}; choose one of "
+                            f"{', '.join(BUDGET_PATTERNS)}")
+        if layer_pattern is not None and layer_pattern not in LAYER_PATTERNS:
+            raise UserError(f"unknown `layer_pattern` {layer_pattern!r}; choose one of "
+                            f"{', '.join(LAYER_PATTERNS)}")
+        if len(names) > 1 and layer_pattern is None:
+            raise UserError(f"`cache` {','.join(names)} lists {len(names)} policies: give a "
+                            f"`layer_pattern` ({' or '.join(LAYER_PATTERNS)}) to assign them")
+        if len(names) == 1 and layer_pattern is not None:
+            raise UserError(f"`layer_pattern` assigns two or more policies to layers; list "
+                            f"them in `cache` (e.g. {names[0]},full)")
+        if budget_pattern != "uniform" and all(POLICIES[n].keeps_every_token for n in names):
+            raise UserError(f"`budget_pattern` {budget_pattern} spreads a token budget; "
+                            f"{','.join(names)} keeps every token")
+        factory = cls(names, settings, budget_pattern, layer_pattern)
+        factory.plan(2 * len(names))  # settings no layer count makes valid fail now
+        return factory
+
+    def plan(self, n_layers: int) -> list:
+        """[(policy, budget, factory)] for each of n_layers layers (UserError if they do not
+        fit: more policies than layers, a budget below a layer's sink + window + 1)."""
+        if n_layers in self._plans:
+            return self._plans[n_layers]
+        if len(self.names) > n_layers:
+            raise UserError(f"`layer_pattern` {self.layer_pattern} assigns {len(self.names)} "
+                            f"policies to {n_layers} layers; list at most {n_layers}")
+        which = LAYER_PATTERNS[self.layer_pattern](n_layers, len(self.names)) \
+            if self.layer_pattern else [0] * n_layers
+        s = self.settings
+        budgets = BUDGET_PATTERNS[self.budget_pattern](n_layers, s["cache_size"])
+        plan = []
+        for layer, (i, budget) in enumerate(zip(which, budgets)):
+            name = self.names[i]
+            cls = POLICIES[name]
+            if cls is FullCache:
+                factory = make_cache_factory(name, positions=s["positions"])
+            else:
+                opts = {k: v for k, v in s.items() if k not in (
+                    "cache_size", "kv_middle") and (k in _REGION_KEYS or k in cls.options)}
+                kv = s["kv_middle"] if cls.has_middle else "model"
+                try:
+                    factory = make_cache_factory(name, cache_size=budget, kv_middle=kv, **opts)
+                except UserError as e:
+                    raise UserError(f"`budget_pattern` {self.budget_pattern} gives layer {layer} "
+                                    f"({name}) {budget} tokens, too few: {e}") from None
+            plan.append((name, None if cls.keeps_every_token else budget, factory))
+        used = {k for _, _, f in plan for k in f.spec}
+        extra = sorted(k for k in s if k not in _REGION_KEYS and k not in used
+                       and k not in ("cache_size", "kv_middle"))
+        if extra:
+            raise UserError(f"no policy of {','.join(self.names)} has option "
+                            f"{', '.join(f'`{k}`' for k in extra)}")
+        if s["kv_middle"] == "int8" and not any(POLICIES[n].has_middle for n in self.names):
+            raise UserError(f"`kv_middle` int8 needs a policy with a middle region; "
+                            f"{','.join(self.names)} has none")
+        self._plans[n_layers] = plan
+        return plan
+
+    def layers(self, n_layers: int) -> list:
+        return [f for _, _, f in self.plan(n_layers)]
+
+    def budgets(self, n_layers: int) -> list:
+        """Each layer's policy and token budget (None: keeps every token), for --json."""
+        return [{"policy": n, "cache_size": b} for n, b, _ in self.plan(n_layers)]
+
+    def describe(self, n_layers: int) -> str:
+        """'layers 0-7 weightedkv 384, 8-14 weightedkv 299, ...' (runs of equal layers)."""
+        runs = []
+        for layer, (name, budget, _) in enumerate(self.plan(n_layers)):
+            what = name if budget is None else f"{name} {budget}"
+            if runs and runs[-1][2] == what:
+                runs[-1][1] = layer
+            else:
+                runs.append([layer, layer, what])
+        return "layers " + ", ".join(f"{a}" + (f"-{b}" if b > a else "") + f" {w}"
+                                     for a, b, w in runs)
+
+    def __call__(self, batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope,
+                 layer_id: int = 0, n_layers: Optional[int] = None) -> KVCache:
+        if n_layers is None:
+            raise UserError("a layered cache plan needs the model's layer count")
+        return self.plan(n_layers)[layer_id][2](batch_size, n_kv_heads, head_dim,
+                                                max_seq_length, dtype, rope, layer_id)
+
+
+# Settings of make_cache_factory every region policy takes (the rest are policy options).
+_REGION_KEYS = ("sink", "window", "positions", "chunk", "prompt_compression", "seed")
 
 
 def cache_nbytes(args, batch_size: int, max_seq_length: int, dtype: torch.dtype,
@@ -158,7 +327,8 @@ def _meta_caches(make_cache, args, batch_size: int, max_seq_length: int, dtype: 
     with torch.device("meta"):
         rope = torch.empty(max_seq_length, args.head_dim // 2, 2)
         return [make_cache(batch_size, args.n_kv_heads, args.head_dim, max_seq_length, dtype,
-                           rope, layer_id=i) for i in range(args.n_layer)], rope
+                           rope, layer_id=i, n_layers=args.n_layer)
+                for i in range(args.n_layer)], rope
 
 
 def row_nbytes(make_cache, args, dtype: torch.dtype) -> int:
@@ -177,6 +347,9 @@ def fit_to_bytes(name: str, budget: int, args, dtype: torch.dtype, *, sink=None,
     alone takes what is left, so one more middle token would not fit either (an INT8 middle,
     cheaper per token, ends up longer). A given `window` (and sink) stays fixed and the middle
     takes the whole budget. UserError when even the smallest cache does not fit."""
+    if len(layer_policies(name)) > 1 or settings.get("budget_pattern", "uniform") != "uniform":
+        raise UserError("`cache_mib` sizes one policy with a uniform budget; give a budget in "
+                        "tokens to a layer or budget pattern")
     if POLICIES[name].keeps_every_token:
         raise UserError(f"`cache_mib` sizes a policy with a token budget; {name} keeps every "
                         f"token, so its bytes follow the stream's length (`max_seq_length`)")
@@ -248,7 +421,8 @@ def build_caches(model, batch_size: int, max_seq_length: int, make_cache=None) -
     rope = model.rope(max_seq_length)
     with torch.device(model.device):
         caches = nn.ModuleList(make_cache(batch_size, args.n_kv_heads, args.head_dim,
-                                          max_seq_length, model.dtype, rope, layer_id=i)
+                                          max_seq_length, model.dtype, rope, layer_id=i,
+                                          n_layers=args.n_layer)
                                for i in range(args.n_layer))
     for cache in caches:  # a tensor-parallel model's caches hold its rank's KV heads
         cache.shard = getattr(model, "kv_shard", None)
@@ -257,4 +431,5 @@ def build_caches(model, batch_size: int, max_seq_length: int, make_cache=None) -
 
 __all__ = ["KVCache", "RegionCache", "FullCache", "POLICIES", "make_cache_factory", "describe",
            "policy_options", "region_sizes", "build_caches", "cache_nbytes", "CacheFactory",
-           "row_nbytes", "fit_to_bytes"]
+           "row_nbytes", "fit_to_bytes", "LayeredFactory", "BUDGET_PATTERNS", "LAYER_PATTERNS",
+           "layer_policies", "keeps_every_token"]

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from caches import CacheFactory, build_caches, make_cache_factory
-from engine.generation import check_prompt, compile_decode, prefill, row_view
+from engine.generation import check_prompt, compile_decode, prefill, prefill_chunk, row_view
 
 DEFAULT_PREFILL_TOKENS = 512
 
@@ -185,7 +185,7 @@ class Batcher:
         self.max_seq_length = max_seq_length or model.args.max_position_embeddings
         self.caches = build_caches(model, slots, self.max_seq_length, self.make_cache)
         self.unbounded = all(c.unbounded for c in self.caches)
-        self.chunk = self.caches[0].prefill_chunk  # None: the full cache, any piece length
+        self.chunk = prefill_chunk(self.caches)  # None: the full cache, any piece length
         self.prefill_tokens = max(prefill_tokens, self.chunk or 2)
         self.step = decode_logits
         model.block_step = None
@@ -198,7 +198,7 @@ class Batcher:
         self.pool = [_Row(j, [row_view(c, j) for c in self.pool_caches]) for j in range(n_parked)]
         # where a row reading a prompt waits out a decode step (only caches that need it have
         # one: its presence is the test in _iteration)
-        self.scratch_caches = [] if self.caches[0].ahead_is_harmless else \
+        self.scratch_caches = [] if all(c.ahead_is_harmless for c in self.caches) else \
             build_caches(model, 1, self.max_seq_length, self.make_cache)
         self.scratch = _Row(0, list(self.scratch_caches))
         self.waiting: collections.deque = collections.deque()

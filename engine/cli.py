@@ -124,9 +124,17 @@ def run(main) -> None:
 
 def add_cache_arguments(p) -> None:
     """The cache flags shared by generate.py, eval.py and bench.py."""
-    from caches import DEFAULT_CACHE_SIZE, POLICIES, PROMPT_COMPRESSION
-    p.add_argument("--cache", choices=list(POLICIES), default="full",
-                   help="KV cache policy (see --list_caches)")
+    from caches import BUDGET_PATTERNS, DEFAULT_CACHE_SIZE, LAYER_PATTERNS, PROMPT_COMPRESSION
+    p.add_argument("--cache", type=cache_name, default="full",
+                   help="KV cache policy (see --list_caches), or policies by layer with "
+                        "--layer_pattern (e.g. weightedkv,full)")
+    p.add_argument("--layer_pattern", choices=list(LAYER_PATTERNS), default=None,
+                   help="assign the --cache policies to layers: repeat (alternate layer by "
+                        "layer) or tile (contiguous blocks: first half, second half)")
+    p.add_argument("--budget_pattern", choices=list(BUDGET_PATTERNS), default=None,
+                   help="spread the budget over layers: uniform (default), pyramid (more in "
+                        "lower layers, 1.5x down to 0.5x --cache_size) or funnel (the reverse); "
+                        "the total over all layers stays layers x --cache_size")
     p.add_argument("--list_caches", action="store_true", help="list the cache policies and exit")
     p.add_argument("--cache_size", type=positive_int, default=DEFAULT_CACHE_SIZE,
                    help="retained tokens (sink + middle + window) of a compressing policy")
@@ -162,6 +170,22 @@ def add_cache_arguments(p) -> None:
 
 
 POLICY_OPTIONS = ("forgetting_factor", "merge_span", "lag", "lag_keep_ratio")
+
+
+def cache_name(text: str) -> str:
+    """--cache: one policy, or several (comma- or slash-separated) for --layer_pattern."""
+    from caches import POLICIES, layer_policies
+    for name in layer_policies(text):
+        if name not in POLICIES:
+            raise argparse.ArgumentTypeError(f"unknown cache policy {name!r}; choose one of "
+                                             f"{', '.join(POLICIES)}")
+    return text
+
+
+def is_layered(args) -> bool:
+    """Caches that differ by layer (several policies, or a budget pattern)."""
+    return "," in args.cache or "/" in args.cache or \
+        getattr(args, "budget_pattern", None) not in (None, "uniform")
 # Flags of the region cache, which `full` refuses.
 REGION_FLAGS = ("sink", "window", "prefill_chunk", "prompt_compression")
 
@@ -177,6 +201,9 @@ def size_cache_from_mib(args, cfg: dict, dtype) -> None:
     from engine.checkpoint import model_args
     if getattr(args, "cache_mib", None) is None:
         return
+    if is_layered(args):
+        raise UserError("--cache_mib sizes one policy with a uniform budget; give --cache_size "
+                        "with --layer_pattern/--budget_pattern")
     options = {o: getattr(args, o) for o in POLICY_OPTIONS if getattr(args, o) is not None}
     sink, window, middle = fit_to_bytes(
         args.cache, int(args.cache_mib * 2**20), model_args(cfg), dtype, sink=args.sink,
@@ -195,7 +222,7 @@ def fit_cache_to_stream(args, prompt_tokens: int, stream_tokens: int) -> None:
     prefill chunk longer than the prompt becomes 1 (the prompt went token by token either
     way)."""
     from caches import region_sizes
-    if args.cache == "full":
+    if args.cache == "full" or is_layered(args):  # a layered plan keeps the sizes it was given
         return
     limit = round_up(stream_tokens)
     regions = list(region_sizes(args.cache, args.cache_size, args.sink, args.window))
@@ -255,6 +282,18 @@ def resolve_positions(args, stream_tokens, context: int) -> str:
     return args.positions
 
 
+def layer_report(make_cache, n_layers: int, quiet: bool = False) -> dict:
+    """A layered plan's per-layer policies and budgets: said on stderr (unless quiet), and the
+    fields --json rows carry ({} for one policy at one budget)."""
+    from caches import LayeredFactory
+    if not isinstance(make_cache, LayeredFactory):
+        return {}
+    if not quiet:
+        print(f"note: {make_cache.describe(n_layers)}", file=sys.stderr)
+    return {"layers": make_cache.budgets(n_layers), **{k: make_cache.spec[k] for k in (
+        "layer_pattern", "budget_pattern")}}
+
+
 def cache_factory_from_args(args, seed: int = 0):
     from caches import DEFAULT_CHUNK, make_cache_factory
     if args.positions == "auto":  # settled by resolve_positions once the stream is known;
@@ -268,8 +307,10 @@ def cache_factory_from_args(args, seed: int = 0):
     elif any(getattr(args, a) is not None for a in REGION_FLAGS):
         raise UserError("--sink/--window/--prefill_chunk/--prompt_compression apply to "
                         "compressing policies, not full")
+    layers = {k: v for k in ("budget_pattern", "layer_pattern")
+              if (v := getattr(args, k, None)) is not None}
     return make_cache_factory(args.cache, kv_middle=args.kv_middle, positions=args.positions,
-                              **region, **options)
+                              **region, **layers, **options)
 
 
 def comma_list(kind, what):

@@ -99,6 +99,12 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     return fn
 
 
+def prefill_chunk(caches) -> Optional[int]:
+    """The prompt chunk the caches take (None: any length); a layered plan mixing full and
+    compressing layers takes the compressing layers' chunk."""
+    return next((c.prefill_chunk for c in caches if c.prefill_chunk is not None), None)
+
+
 def prefill_bucket(n: int, max_seq_length: int) -> int:
     bucket = MIN_PREFILL_BUCKET
     while bucket < n:
@@ -166,7 +172,7 @@ class Session:
         self.caches = build_caches(model, batch_size, self.max_seq_length, self.make_cache)
         # Caches that rotate keys by rank (rank positions) never run out of positions.
         self.unbounded = all(c.unbounded for c in self.caches)
-        self.prefill_chunk = self.caches[0].prefill_chunk
+        self.prefill_chunk = prefill_chunk(self.caches)
         self.compiled_prefill = compile_prefill
         self.decode_fn = decode_one_token
         self.prefill_fn = prefill
