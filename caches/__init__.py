@@ -45,7 +45,8 @@ DEFAULT_CACHE_SIZE = 256
 DEFAULT_SINK = 4
 DEFAULT_CHUNK = 32
 # How a prompt chunk compresses: token by token (exact order) or in one pass (caches/region.py).
-PROMPT_COMPRESSION = ("chunked", "bulk")
+PROMPT_COMPRESSION = ("chunked", "bulk", "snapkv")  # snapkv: one shot, caches/snapkv.py
+DEFAULT_OBSERVATION_WINDOW = 32
 
 
 def describe(name: str) -> str:
@@ -125,7 +126,8 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
                        window=None, kv_middle: str = "model", positions: str = "original",
                        chunk: int = DEFAULT_CHUNK, prompt_compression: str = "chunked",
                        seed: int = 0, budget_pattern: str = "uniform",
-                       layer_pattern: Optional[str] = None, **options) -> "CacheFactory":
+                       layer_pattern: Optional[str] = None, observation_window=None,
+                       **options) -> "CacheFactory":
     """The builder of each layer's cache of policy `name` (see CacheFactory); UserError names
     a bad setting. `name` may list policies ('weightedkv,full') that `layer_pattern` assigns to
     layers; `budget_pattern` spreads cache_size * layers over the layers."""
@@ -134,6 +136,7 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
         return LayeredFactory.make(names, dict(
             cache_size=cache_size, sink=sink, window=window, kv_middle=kv_middle,
             positions=positions, chunk=chunk, prompt_compression=prompt_compression, seed=seed,
+            **({} if observation_window is None else {"observation_window": observation_window}),
             **options), budget_pattern, layer_pattern)
     if name not in POLICIES:
         raise UserError(f"unknown cache policy {name!r}; choose one of {', '.join(POLICIES)}")
@@ -151,6 +154,11 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
     if prompt_compression not in PROMPT_COMPRESSION:
         raise UserError(f"`prompt_compression` must be one of {', '.join(PROMPT_COMPRESSION)}, "
                         f"got {prompt_compression!r}")
+    if observation_window is not None and prompt_compression != "snapkv":
+        raise UserError("`observation_window` sets snapkv's prompt compression; add "
+                        "`prompt_compression` snapkv")
+    if observation_window is not None and observation_window < 1:
+        raise UserError(f"`observation_window` must be at least 1, got {observation_window}")
     if cls is FullCache:
         if kv_middle == "int8":
             raise UserError("`kv_middle` int8 needs a policy with a middle region; full has none "
@@ -171,11 +179,16 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
     int8 = kv_middle == "int8" or getattr(cls, "always_int8", False)
     spec = dict(policy=name, cache_size=cache_size, sink=sink, window=window, kv_middle=kv_middle,
                 positions=positions, chunk=chunk, seed=seed, **options)
+    one_shot = {}
     if prompt_compression != "chunked":  # the default stays out: older saved specs match
         spec["prompt_compression"] = prompt_compression
+    if prompt_compression == "snapkv":
+        one_shot["observation_window"] = observation_window or DEFAULT_OBSERVATION_WINDOW
+        spec.update(one_shot)
     return CacheFactory(cls, dict(sink=sink, window=window, middle=middle, chunk=chunk,
                                   middle_int8=int8, positions=positions, seed=seed,
-                                  prompt_compression=prompt_compression, **options), spec)
+                                  prompt_compression=prompt_compression, **one_shot,
+                                  **options), spec)
 
 
 class CacheFactory:
@@ -310,7 +323,8 @@ class LayeredFactory(CacheFactory):
 
 
 # Settings of make_cache_factory every region policy takes (the rest are policy options).
-_REGION_KEYS = ("sink", "window", "positions", "chunk", "prompt_compression", "seed")
+_REGION_KEYS = ("sink", "window", "positions", "chunk", "prompt_compression", "seed",
+                "observation_window")
 
 
 def cache_nbytes(args, batch_size: int, max_seq_length: int, dtype: torch.dtype,

@@ -41,12 +41,23 @@ class LagKVCache(RegionCache):
         self.score_partition(cur, True)
 
     def before_bulk(self, cur: Tensor) -> None:
-        # Every partition whose successor the chunk completed: at most ceil(chunk / L).
+        self.score_completed(cur, self.chunk)
+
+    def after_load(self, cur: Tensor) -> None:
+        # The middle holds chosen tokens; the window's partitions are scored as if its tokens
+        # had just arrived.
+        middle = torch.arange(self.capacity, device=cur.device) >= self.n_fast
+        self.keep.masked_fill_(middle & (self.pos >= 0), 1.0)
+        self.score_completed(cur, self.window)
+
+    def score_completed(self, cur: Tensor, span: int) -> None:
+        """Score every partition whose successor was completed by the last `span` tokens up to
+        cur (at most ceil(span / L) of them)."""
         L = self.lag_len
         last_end = cur - (cur - self.sink + 1) % L  # the latest completion point <= cur
-        for p in range(-(-self.chunk // L)):
+        for p in range(-(-span // L)):
             end = last_end - p * L
-            self.score_partition(end, (end > cur - self.chunk).view(-1, 1, 1))
+            self.score_partition(end, (end > cur - span).view(-1, 1, 1))
 
     def score_partition(self, cur: Tensor, within) -> None:
         """If a successor partition ends at cur [B, 1, 1] (and `within`), score its

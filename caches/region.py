@@ -60,12 +60,15 @@ class RegionCache(KVCache):
     def __init__(self, batch_size: int, n_kv_heads: int, head_dim: int, max_seq_length: int,
                  dtype: torch.dtype, rope: Tensor, *, sink: int, window: int, middle: int,
                  chunk: int = 32, middle_int8: bool = False, positions: str = "original",
-                 prompt_compression: str = "chunked", layer_id: int = 0, seed: int = 0):
+                 prompt_compression: str = "chunked", observation_window: int = 32,
+                 layer_id: int = 0, seed: int = 0):
         super().__init__(rope, layer_id)
         B, H, D = batch_size, n_kv_heads, head_dim
         self.sink, self.window, self.middle, self.chunk = sink, window, middle, chunk
         self.positions = positions
         self.bulk = prompt_compression == "bulk"
+        # One-shot (caches/snapkv.py): a fresh prompt over the budget is read whole and loaded.
+        self.one_shot, self.observe = prompt_compression == "snapkv", observation_window
         self.unbounded = positions == "cache"
         self.n_fast = sink + window + chunk
         self.n_mid = middle + 1  # one spare slot receives the token leaving the window
@@ -349,6 +352,45 @@ class RegionCache(KVCache):
             put_slots(stat, g, torch.where(ok, stat.gather(2, src), stat.gather(2, g)))
         put_slots(self.pos, src, torch.where(ok, -1, self.pos.gather(2, src)))
 
+    def load_prompt(self, k: Tensor, v: Tensor, keep: Tensor, probs: Tensor) -> None:
+        """Hold a whole prompt at once (one-shot prompt compression, caches/snapkv.py): k/v
+        [B, H, T, D] un-rotated at positions 0..T-1; the sink and window tokens stay, and of the
+        rest those where keep [B, H, T] (at most `middle` per head) enter the middle in position
+        order. probs [B, H, W, T], the attention of the last W prompt tokens, start the policy's
+        statistics (`accumulate`)."""
+        self.reset()
+        B, H, T, D = k.shape
+        t = torch.arange(T, device=k.device)
+        fast = ((t < self.sink) | (t >= T - self.window)).nonzero().view(-1)  # same for all rows
+        if self.positions == "original":
+            k = self.rotate(k, t.expand(B, T))
+        slots = self.fast_slot(fast)
+        self.k_fast[:, :, slots] = k[:, :, fast].to(self.k.dtype)
+        self.v_fast[:, :, slots] = v[:, :, fast].to(self.v.dtype)
+        self.pos[:, :, slots] = fast.to(torch.int32)
+        # Middle survivors in position order: keep's True entries first, each head its own.
+        n = int(keep[0, 0].sum())
+        src = (~keep).int().argsort(dim=-1, stable=True)[..., :n]  # [B, H, n]
+        idx = src.unsqueeze(-1).expand(B, H, n, D)
+        km, vm = k.gather(2, idx), v.gather(2, idx)
+        if self.middle_int8:
+            (kq, ks), (vq, vs) = quantize_int8(km), quantize_int8(vm)
+            self.k_mid[:, :, :n], self.k_scale[:, :, :n] = kq, ks
+            self.v_mid[:, :, :n], self.v_scale[:, :, :n] = vq, vs
+        else:
+            self.k_mid[:, :, :n], self.v_mid[:, :, :n] = km.to(self.k.dtype), vm.to(self.v.dtype)
+        self.pos[:, :, self.n_fast:self.n_fast + n] = src.to(torch.int32)
+        # The observation window's attention, moved onto the slots its tokens now hold.
+        slot_of = torch.full((B, H, T), -1, dtype=torch.long, device=k.device)
+        slot_of[:, :, fast] = slots
+        slot_of.scatter_(-1, src, self.n_fast + torch.arange(n, device=k.device).expand_as(src))
+        held = (slot_of >= 0).unsqueeze(2)
+        p = torch.zeros(B, H, probs.shape[2], self.capacity, device=k.device)
+        p.scatter_add_(-1, slot_of.clamp(min=0).unsqueeze(2).expand_as(probs),
+                       torch.where(held, probs, 0.0))
+        self.accumulate(p, t[T - probs.shape[2]:].expand(B, -1))
+        self.after_load(torch.full((B, 1, 1), T - 1, device=k.device))
+
     def must_remove(self, valid: Tensor, score: Tensor, victim: Tensor) -> Tensor:
         return valid.sum(-1) > self.middle
 
@@ -363,6 +405,9 @@ class RegionCache(KVCache):
     def before_bulk(self, cur: Tensor) -> None:
         """Before a bulk pass over the chunk ending at cur (what before_compress does for each
         of its tokens)."""
+
+    def after_load(self, cur: Tensor) -> None:
+        """After load_prompt, the prompt ending at cur: statistics beyond attention."""
 
     def accumulate(self, p: Tensor, positions: Tensor) -> None:
         pass

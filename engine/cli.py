@@ -159,8 +159,12 @@ def add_cache_arguments(p) -> None:
                    help="prompt chunk size of compressing policies (default 32)")
     p.add_argument("--prompt_compression", choices=list(PROMPT_COMPRESSION), default=None,
                    help="how a compressing policy shrinks a prompt chunk: chunked (default: "
-                        "token by token, in order) or bulk (one pass per chunk: the lowest-"
-                        "scored tokens go at once; a faster first token)")
+                        "token by token, in order), bulk (one pass per chunk: the lowest-"
+                        "scored tokens go at once; a faster first token) or snapkv (a prompt "
+                        "over the budget is read whole and compressed once, by the attention "
+                        "of its last --observation_window tokens)")
+    p.add_argument("--observation_window", type=positive_int, default=None,
+                   help="snapkv: prompt tokens whose attention picks the survivors (default 32)")
     # Policy options: None = not given, so a policy that has no such option can refuse it.
     p.add_argument("--forgetting_factor", type=finite_float, default=None,
                    help="a2sf, in [0, 1] (default 0.2)")
@@ -187,7 +191,7 @@ def is_layered(args) -> bool:
     return "," in args.cache or "/" in args.cache or \
         getattr(args, "budget_pattern", None) not in (None, "uniform")
 # Flags of the region cache, which `full` refuses.
-REGION_FLAGS = ("sink", "window", "prefill_chunk", "prompt_compression")
+REGION_FLAGS = ("sink", "window", "prefill_chunk", "prompt_compression", "observation_window")
 
 
 def round_up(n: int, multiple: int = 64) -> int:
@@ -303,10 +307,11 @@ def cache_factory_from_args(args, seed: int = 0):
     if args.cache != "full":
         region = dict(cache_size=args.cache_size, sink=args.sink, window=args.window,
                       chunk=args.prefill_chunk or DEFAULT_CHUNK,
-                      prompt_compression=args.prompt_compression or "chunked", seed=seed)
-    elif any(getattr(args, a) is not None for a in REGION_FLAGS):
-        raise UserError("--sink/--window/--prefill_chunk/--prompt_compression apply to "
-                        "compressing policies, not full")
+                      prompt_compression=args.prompt_compression or "chunked", seed=seed,
+                      observation_window=getattr(args, "observation_window", None))
+    elif any(getattr(args, a, None) is not None for a in REGION_FLAGS):
+        raise UserError("--sink/--window/--prefill_chunk/--prompt_compression/"
+                        "--observation_window apply to compressing policies, not full")
     layers = {k: v for k in ("budget_pattern", "layer_pattern")
               if (v := getattr(args, k, None)) is not None}
     return make_cache_factory(args.cache, kv_middle=args.kv_middle, positions=args.positions,

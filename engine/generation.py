@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from caches import CacheFactory, build_caches, make_cache_factory
+from caches.snapkv import compresses_whole, prefill_whole
 from caches.region import RegionCache
 from core.errors import UserError
 from model import Transformer
@@ -249,6 +250,8 @@ class Session:
         tokens = torch.tensor(rows, dtype=torch.long, device=dev)
         B, T = tokens.shape
         chunk = self.prefill_chunk
+        if compresses_whole(caches, start, T):  # one-shot prompt compression
+            return prefill_whole(self.model, caches, tokens)
         if chunk is None:
             # append checked the room: the bucket never falls below T
             T_in = prefill_bucket(T, self.max_seq_length - int(start.max())) \

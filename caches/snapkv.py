@@ -1,0 +1,102 @@
+"""One-shot prompt compression (SnapKV, Li et al., 2024), for every region policy.
+
+A prompt longer than the budget is read whole, as the full cache reads it (causal attention over
+the prompt's own slots, so its logits are exact); then each layer keeps, per KV head:
+    the sink (first `sink` tokens) and the window (last `window` tokens), as always;
+    of the rest, the `middle` tokens with the most attention from the last W prompt tokens (the
+    observation window), summed over those queries and the head's query group, then averaged
+    over a 7-token neighbourhood (SnapKV's pooling: a chosen token keeps its context).
+The survivors enter their regions in position order; the policy's statistics start from the
+observation window's attention (`RegionCache.load_prompt`) and the policy takes over from the
+first token after the prompt. Prompts that fit the budget, and prompts appended to a stream that
+already holds tokens, go chunk by chunk as before.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from caches.full import FullCache
+from caches.region import RegionCache
+
+POOL = 7  # SnapKV's pooling kernel
+
+
+class PromptCapture(FullCache):
+    """Reads a whole prompt like `full`, keeping what one-shot compression needs: the
+    un-rotated keys (a cache under rank positions stores them so) and the rotated queries of the
+    last `observe` tokens."""
+
+    def __init__(self, *args, observe: int, **kw):
+        super().__init__(*args, **kw)
+        self.observe = observe
+        self.raw_k = self.q_obs = None
+
+    def update(self, input_pos, q, k, v):
+        self.raw_k = k
+        view = super().update(input_pos, q, k, v)
+        self.q_obs = view.q[:, :, -self.observe:]
+        return view
+
+
+def observation_votes(q_obs: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    """q_obs [B, H, W, D] (the prompt's last W queries, rotated), k [B, Hkv, T, D] (rotated) ->
+    (probs [B, Hkv, W, T]: each KV head's attention, the mean over its query group; votes
+    [B, Hkv, T]: summed over the W queries and pooled)."""
+    B, H, W, D = q_obs.shape
+    Hkv, T = k.shape[1], k.shape[2]
+    G = H // Hkv
+    scores = q_obs.float().view(B, Hkv, G, W, D) @ k.float().unsqueeze(2).transpose(-1, -2)
+    query_pos = torch.arange(T - W, T, device=k.device).view(W, 1)
+    future = torch.arange(T, device=k.device).view(1, T) > query_pos
+    probs = torch.softmax((scores / math.sqrt(D)).masked_fill(future, float("-inf")), dim=-1)
+    probs = probs.mean(dim=2)
+    votes = F.avg_pool1d(probs.sum(dim=2).flatten(0, 1), POOL, stride=1, padding=POOL // 2,
+                         count_include_pad=False).view(B, Hkv, T)
+    return probs, votes
+
+
+def keep_middle(votes: Tensor, sink: int, window: int, middle: int) -> Tensor:
+    """votes [B, Hkv, T] -> bool [B, Hkv, T]: the `middle` best-voted tokens between the sink and
+    the window (all of them when fewer)."""
+    T = votes.shape[-1]
+    t = torch.arange(T, device=votes.device)
+    candidate = (t >= sink) & (t < T - window)
+    n = min(middle, int(candidate.sum()))
+    top = torch.where(candidate, votes, float("-inf")).topk(n, dim=-1).indices
+    return torch.zeros_like(votes, dtype=torch.bool).scatter(-1, top, True)
+
+
+def compresses_whole(caches, start: Tensor, n_tokens: int) -> bool:
+    """Whether a prompt of n_tokens from positions `start` goes one-shot: some layer asks for it,
+    every row starts empty, and the prompt is longer than a budget it would have to fit."""
+    region = [c for c in caches if isinstance(c, RegionCache) and c.one_shot]
+    return bool(region) and bool((start == 0).all()) and \
+        n_tokens > min(c.sink + c.window + c.middle for c in region)
+
+
+@torch.inference_mode()
+def prefill_whole(model, caches, tokens: Tensor) -> Tensor:
+    """tokens [B, T] from position 0 -> the logits [B, V] after the last: read whole, then each
+    one-shot layer keeps its survivors (the other layers read the prompt as they always do)."""
+    B, T = tokens.shape
+    a = model.args
+    rope = model.rope(T)
+    with torch.device(model.device):  # a rank's caches hold its share of the KV heads
+        passes = [PromptCapture(B, c.k.shape[1], a.head_dim, T, model.dtype, rope, c.layer_id,
+                                observe=min(c.observe, T))
+                  if isinstance(c, RegionCache) and c.one_shot else c for c in caches]
+    for p, c in zip(passes, caches):
+        p.shard = c.shard
+    pos = torch.arange(T, device=tokens.device)
+    logits = model(tokens, pos, passes, out_idx=torch.tensor([T - 1], device=tokens.device))
+    for p, c in zip(passes, caches):
+        if p is c:
+            continue
+        probs, votes = observation_votes(p.q_obs, p.k)
+        keep = keep_middle(votes, c.sink, c.window, c.middle)
+        c.load_prompt(p.raw_k, p.v, keep, probs)
+    return logits[:, -1]

@@ -1,0 +1,133 @@
+"""One-shot prompt compression (--prompt_compression snapkv, caches/snapkv.py)."""
+import math
+
+import pytest
+import torch
+
+from caches import POLICIES, make_cache_factory
+from caches.h2o import H2OCache
+from caches.snapkv import keep_middle, observation_votes
+from conftest import tiny_model
+from core.errors import UserError
+from engine.generation import Generator, Session, compile_decode, decode_one_token
+
+COMPRESSING = [n for n in POLICIES if not POLICIES[n].keeps_every_token]
+PROMPT = [(7 * i) % 250 + 1 for i in range(150)]
+
+
+def session(name, n_prompt, **kw):
+    s = Session(tiny_model(), make_cache=make_cache_factory(name, cache_size=32, chunk=8, **kw),
+                max_seq_length=256)
+    s.append(PROMPT[:n_prompt])
+    return s
+
+
+@pytest.mark.parametrize("name", COMPRESSING)
+def test_a_prompt_within_the_budget_changes_nothing(name):
+    a, b = session(name, 30, prompt_compression="snapkv"), session(name, 30)
+    assert torch.equal(a.logits, b.logits)
+    for ca, cb in zip(a.caches, b.caches):
+        assert all(torch.equal(x, y) for x, y in zip(ca.state().values(), cb.state().values()))
+    assert a.generate(20).new_ids == b.generate(20).new_ids
+
+
+@pytest.mark.parametrize("name, kv_middle", [(n, m) for n in COMPRESSING for m in ("model", "int8")
+                                              if m == "model" or POLICIES[n].has_middle])
+def test_a_long_prompt_is_read_whole_and_held_to_the_budget(name, kv_middle):
+    s = session(name, 150, prompt_compression="snapkv", kv_middle=kv_middle)
+    full = Session(tiny_model(), max_seq_length=256)
+    full.append(PROMPT)
+    assert torch.equal(s.logits, full.logits)  # the prompt's own logits are exact
+    for c in s.caches:
+        pos = c.pos[0]
+        held = [sorted(p[p >= 0].tolist()) for p in pos]
+        assert all(len(h) == c.sink + c.window + c.middle for h in held)
+        for h in held:  # sink and window always; the rest from the middle
+            assert h[:c.sink] == list(range(c.sink))
+            assert h[-c.window:] == list(range(150 - c.window, 150))
+    out = s.generate(30)
+    assert len(out.new_ids[0]) == 30
+    assert all(((c.pos >= 0).sum(-1) <= 32).all() for c in s.caches)
+
+
+def test_the_survivors_are_the_best_voted_by_the_observation_window():
+    """Queries aligned with a few keys: those keys take the votes, pooling keeps their
+    neighbours, and the vote is the group mean of softmax attention from the last W queries."""
+    D, T, W = 8, 40, 4
+    k = torch.randn(1, 1, T, D) * 0.1
+    k[0, 0, 12] = k[0, 0, 25] = torch.ones(D) * 3
+    q = torch.ones(1, 2, W, D)  # two query heads in the KV head's group
+    probs, votes = observation_votes(q, k)
+    scores = q[0, 0] @ k[0, 0].T / math.sqrt(D)
+    future = torch.arange(T).view(1, T) > torch.arange(T - W, T).view(W, 1)
+    by_hand = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    assert torch.allclose(probs[0, 0], by_hand, atol=1e-6)
+    pooled = torch.nn.functional.avg_pool1d(by_hand.sum(0).view(1, 1, T), 7, 1, 3,
+                                            count_include_pad=False).view(T)
+    assert torch.allclose(votes[0, 0], pooled, atol=1e-6)
+    keep = keep_middle(votes, sink=2, window=8, middle=5)
+    kept = keep[0, 0].nonzero().view(-1).tolist()
+    # pooling spreads each peak's vote over its 7-token neighbourhood: survivors come from both
+    assert len(kept) == 5 and all(9 <= t <= 15 or 22 <= t <= 28 for t in kept)
+    assert any(t <= 15 for t in kept) and any(t >= 22 for t in kept)
+    assert not keep[0, 0, :2].any() and not keep[0, 0, T - 8:].any()
+    assert (probs[0, 0, 0, T - W + 1:] == 0).all()  # causal: the first query sees no later key
+
+
+def test_load_prompt_places_each_survivor_and_hands_the_window_attention_to_the_policy():
+    B, H, T, D = 1, 2, 20, 4
+    rope = torch.zeros(64, D // 2, 2)
+    rope[..., 0] = 1  # identity rotation: stored keys equal the input
+    cache = H2OCache(B, H, D, 64, torch.float32, rope, sink=2, window=4, middle=3, chunk=2)
+    k = torch.arange(T, dtype=torch.float32).view(1, 1, T, 1).expand(B, H, T, D).clone()
+    v = k + 100
+    keep = torch.zeros(B, H, T, dtype=torch.bool)
+    keep[0, 0, [3, 9, 11]] = True
+    keep[0, 1, [5, 6, 13]] = True
+    probs = torch.rand(B, H, 3, T)
+    cache.load_prompt(k, v, keep, probs)
+    for h, mid in ((0, [3, 9, 11]), (1, [5, 6, 13])):
+        pos = cache.pos[0, h]
+        assert sorted(pos[pos >= 0].tolist()) == sorted([0, 1, *mid, 16, 17, 18, 19])
+        assert pos[cache.n_fast:cache.n_fast + 3].tolist() == mid  # in position order
+        for slot, p in enumerate(pos.tolist()):
+            if p < 0:
+                continue
+            key = cache.k[0, h, slot]
+            assert (key == p).all() and (cache.v[0, h, slot] == p + 100).all()
+            # H2O's statistic: the attention the window's queries gave that token
+            assert torch.isclose(cache.acc[0, h, slot], probs[0, h, :, p].sum())
+        assert (cache.acc[0, h][pos < 0] == 0).all()
+
+
+def test_a_prompt_appended_to_a_stream_goes_chunk_by_chunk():
+    a = session("weightedkv", 10, prompt_compression="snapkv")
+    b = session("weightedkv", 10)
+    a.append(PROMPT[10:150])
+    b.append(PROMPT[10:150])
+    assert torch.equal(a.logits, b.logits)
+
+
+def test_compiled_decode_after_a_one_shot_prompt_matches_eager():
+    torch._dynamo.reset()
+    model = tiny_model()
+    factory = make_cache_factory("weightedkv", cache_size=32, chunk=8, prompt_compression="snapkv")
+    gen = Generator(model, max_seq_length=256, make_cache=factory)
+    expected = gen.generate(PROMPT, 40).new_ids[0]
+    compile_decode(decode_one_token, model, backend="inductor", caches=gen.caches)
+    assert gen.generate(PROMPT, 40).new_ids[0] == expected
+
+
+def test_the_observation_window_is_a_setting_of_snapkv():
+    one = session("h2o", 150, prompt_compression="snapkv", observation_window=1)
+    wide = session("h2o", 150, prompt_compression="snapkv", observation_window=64)
+    assert one.caches[0].observe == 1 and wide.caches[0].observe == 64
+    assert not torch.equal(one.caches[1].pos, wide.caches[1].pos)
+    spec = one.make_cache.spec
+    assert spec["prompt_compression"] == "snapkv" and spec["observation_window"] == 1
+    with pytest.raises(UserError, match="add `prompt_compression` snapkv"):
+        make_cache_factory("h2o", observation_window=8)
+    with pytest.raises(UserError, match="needs a compressing policy"):
+        make_cache_factory("full", prompt_compression="snapkv")
+    with pytest.raises(UserError, match="at least 1"):
+        make_cache_factory("h2o", prompt_compression="snapkv", observation_window=0)
