@@ -2,6 +2,7 @@
 
     python eval.py ppl --corpus wiki --max_tokens 4000 --cache weightedkv --cache_size 256
     python eval.py passkey --corpus wiki --lengths 512,1024 --cache full,weightedkv --cache_size 128
+    python eval.py attention-loss --corpus wiki --cache streaming,h2o,weightedkv --cache_size 256
     python eval.py sweep --config configs/results.toml [--render-only]
 
 ppl: every token is scored from the previous step's logits, before it enters the cache; on the
@@ -20,7 +21,7 @@ import torch
 from core.errors import UserError
 from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_cache_arguments,
                         cache_factory_from_args, cache_slots,
-                        check_run_fits, comma_list, fit_cache_to_stream, list_caches,
+                        check_run_fits, comma_list, fit_cache_to_stream, layer_report, list_caches,
                         positive_int, resolve_device, resolve_dtype, resolve_positions, run,
                         seed_int, size_cache_from_mib)
 from engine.files import check_writable, write_atomic
@@ -83,13 +84,54 @@ def build_parser() -> Parser:
     pk.add_argument("--plot", default=None,
                     help="heat map PNG (default: --out with .png, when --out is given)")
 
+    from engine.ruler import TASKS
+    rl = sub.add_parser("ruler", help="RULER-style synthetic tasks over lengths and policies")
+    add_text_arguments(rl, "for the haystack")
+    rl.add_argument("--tasks", default=",".join(TASKS),
+                    help=f"comma-separated tasks (default: all): {', '.join(TASKS)}")
+    rl.add_argument("--lengths", type=comma_list(positive_int, "token counts"),
+                    default=[1024, 2048, 4096], help="prompt lengths in tokens, e.g. 1024,2048")
+    rl.add_argument("--trials", type=positive_int, default=4, help="prompts per task and length")
+    rl.add_argument("--seed", type=seed_int, default=0,
+                    help="seeds the needles, words and haystack offsets")
+    rl.add_argument("--cache", default="full",
+                    help="comma-separated policies (NAME or NAME+int8), e.g. full,weightedkv")
+    rl.add_argument("--cache_size", type=comma_list(positive_int, "sizes"), default=[256],
+                    help="comma-separated budgets of the compressing policies")
+    rl.add_argument("--new_tokens", type=positive_int, default=None,
+                    help="greedy tokens per answer (default: each task's own)")
+    rl.add_argument("--batch_size", type=positive_int, default=None,
+                    help="at most this many prompts per batch (default: --trials)")
+    add_model_arguments(rl)
+    rl.add_argument("--out", default=None, help="append each cell to this JSONL (resumable)")
+    rl.add_argument("--plot", default=None,
+                    help="heat map PNG (default: --out with .png, when --out is given)")
+    rl.error = p.error
+
+    al = sub.add_parser("attention-loss", help="the attention mass each policy's choices take "
+                                               "away, measured on the full model")
+    add_text_arguments(al, "to stream")
+    al.add_argument("--max_tokens", type=positive_int, default=1024,
+                    help="stream the first N tokens of the text")
+    al.add_argument("--cache", default="streaming",
+                    help="comma-separated policies (NAME or NAME+int8), e.g. streaming,h2o")
+    al.add_argument("--cache_size", type=positive_int, default=256,
+                    help="the budget of every listed policy")
+    al.add_argument("--seed", type=seed_int, default=0, help="seeds CaM's random merges")
+    add_model_arguments(al)
+    al.add_argument("--ppl_from", default=None,
+                    help="a sweep's results.jsonl: each policy's ppl at this budget, corpus and "
+                         "length, for the loss-vs-ppl panel of --plot")
+    al.add_argument("--plot", default=None, help="PNG: loss by layer, and loss against ppl")
+    al.add_argument("--out", default=None, help="append the rows to this JSONL")
+
     sw = sub.add_parser("sweep", help="a resumable grid from a config file, rendered as "
                                       "Markdown and PNG plots")
     sw.add_argument("--config", required=True, help="TOML or JSON (see configs/results.toml)")
     sw.add_argument("--out", default=None, help="output directory (overrides out_dir)")
     sw.add_argument("--render-only", dest="render_only", action="store_true",
                     help="re-render the report and plots from the JSONL, run nothing")
-    for s in (ppl, pk, sw):
+    for s in (ppl, pk, al, sw):
         s.error = p.error  # one-line errors for the subcommands too
     return p
 
@@ -147,6 +189,7 @@ def ppl_main(args) -> None:
                         f"compressing --cache")
     max_seq_length = max(len(ids), cache_slots(args))
     check_run_fits(ckpt, cfg, dtype, device, 1, max_seq_length, make_cache)
+    layers = layer_report(make_cache, model_args(cfg).n_layer, quiet=args.json)
     model = load_model(ckpt, device=device, dtype=dtype, tp=tp)
     caches = build_caches(model, 1, max_seq_length, make_cache)
     step, compile_s = score_step, 0.0
@@ -166,6 +209,7 @@ def ppl_main(args) -> None:
     cache_bytes = sum(c.nbytes for c in caches)
     out = {"nll": result.nll, "ppl": result.ppl, "tokens": result.tokens,
            "cache": args.cache, "cache_size": args.cache_size if args.cache != "full" else None,
+           **layers,
            "kv_middle": args.kv_middle, "positions": args.positions,
            "cache_bytes": cache_bytes, "tokens_per_s": result.tokens_per_s,
            "compile_s": compile_s, "dtype": str(dtype).removeprefix("torch."),
@@ -178,6 +222,82 @@ def ppl_main(args) -> None:
     else:
         print(f"ppl {result.ppl:.3f} (nll {result.nll:.4f}) over {result.tokens} tokens, cache "
               f"{args.cache} {cache_bytes / 2**20:.1f} MiB, {result.tokens_per_s:.1f} tokens/s")
+
+
+def attention_loss_main(args) -> None:
+    from tqdm import tqdm
+
+    from engine import plots
+    from engine.attention_loss import attention_loss
+    from engine.evaluation import encode_prefix
+    from engine.sweep import ResultStore, Setup, cli_policies
+
+    if args.compile:
+        raise UserError("attention-loss runs eager (its probes read every probability); drop "
+                        "--compile")
+    specs = cli_policies(args.cache, [args.cache_size], args.seed)
+    for path, flag in ((args.plot, "--plot"), (args.out, "--out")):
+        if path:
+            check_writable(path, flag)
+    env = Setup(args)
+    streams = {}  # --corpus wiki,kjv: one batch row each
+    for corpus in (args.corpus.split(",") if args.corpus else [None]):
+        text, source = load_text(argparse.Namespace(**dict(vars(args), corpus=corpus)))
+        ids = encode_prefix(env.tokenizer, text, args.max_tokens)
+        if len(ids) < args.max_tokens:
+            raise UserError(f"{source} has only {len(ids)} tokens, fewer than --max_tokens "
+                            f"{args.max_tokens}; lower --max_tokens or use a longer text")
+        streams[source] = ids
+    if args.max_tokens > env.context:
+        raise UserError(f"--max_tokens {args.max_tokens} exceeds the model's context of "
+                        f"{env.context}; lower it")
+    factories = {s.label: s.factory(None if s.is_full else args.cache_size, args.seed)
+                 for s in specs}
+    bar = tqdm(total=args.max_tokens, unit="tok", disable=args.json or not sys.stderr.isatty())
+    results, seconds = attention_loss(env.model, list(streams.values()), factories,
+                                      progress=lambda n: bar.update(n - bar.n))
+    bar.close()
+    rows = [{"kind": "attention_loss", "label": r.label, "cache_size": args.cache_size,
+             "corpus": corpus, "max_tokens": args.max_tokens, "loss": r.loss,
+             "per_layer": r.per_layer, "seconds": seconds,
+             "dtype": str(env.dtype).removeprefix("torch.")}
+            for corpus, per in zip(streams, results) for r in per]
+    ppl = {}
+    if args.ppl_from:
+        for row in ResultStore(args.ppl_from).rows():
+            if row.get("key", {}).get("kind") == "ppl" and row["corpus"] in streams and \
+                    row["key"].get("max_tokens") == args.max_tokens and \
+                    row["cache_size"] in (None, args.cache_size):
+                ppl[(row["label"], row["corpus"])] = row["ppl"]
+        for row in rows:
+            row["ppl"] = ppl.get((row["label"], row["corpus"]))
+    if args.out:
+        store = ResultStore(args.out)
+        for row in rows:
+            store.append(row)
+    if args.plot:
+        prior = [r for r in (ResultStore(args.out).rows() if args.out else rows)
+                 if r.get("kind") == "attention_loss" and r["cache_size"] == args.cache_size]
+        for r in prior:
+            if r.get("ppl") is not None:
+                ppl.setdefault((r["label"], r["corpus"]), r["ppl"])
+        plots.attention_loss(prior, ppl, args.plot)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    print(f"attention loss over {args.max_tokens} tokens of {', '.join(streams)}, budget "
+          f"{args.cache_size} ({seconds:.0f} s): the full attention mass on tokens a policy no "
+          f"longer holds, by layer")
+    print("| policy | text | loss | " + " | ".join(f"L{i}" for i in range(
+        len(rows[0]["per_layer"]))) + (" | ppl |" if ppl else " |"))
+    print("|---|---|---|" + "---|" * len(rows[0]["per_layer"]) + ("---|" if ppl else ""))
+    for row in rows:
+        cells = [row["label"], row["corpus"], f"{row['loss']:.4f}",
+                 *(f"{x:.3f}" for x in row["per_layer"])]
+        if ppl:
+            cells.append(f"{row['ppl']:.3f}" if row.get("ppl") else "-")
+        print("| " + " | ".join(cells) + " |")
 
 
 def passkey_main(args) -> None:
@@ -222,6 +342,46 @@ def passkey_main(args) -> None:
         print("\n".join(passkey_table(acc, labels, args.cache_size, args.lengths, args.depths)))
 
 
+def ruler_main(args) -> None:
+    from engine import plots
+    from engine.ruler import parse_tasks
+    from engine.sweep import (ResultStore, RulerConfig, Setup, check_ruler_prompts,
+                              cli_policies, expand_full, in_grid, ruler_scores,
+                              ruler_table, run_ruler_grid)
+
+    specs = cli_policies(args.cache, args.cache_size, args.seed)
+    rc = RulerConfig(lengths=args.lengths, tasks=parse_tasks(args.tasks.split(","), "--tasks"),
+                     trials=args.trials, seed=args.seed, corpus=args.corpus,
+                     text_file=args.text_file, policies=specs, cache_sizes=args.cache_size,
+                     new_tokens=args.new_tokens, batch_size=args.batch_size or 0)
+    store = ResultStore(args.out).check_writable() if args.out else None
+    plot = args.plot or (str(Path(args.out).with_suffix(".png")) if args.out else None)
+    if plot:
+        check_writable(plot, "--plot")
+    text = load_text(args)[0] if rc.needs_haystack else None
+    env = Setup(args)
+    check_ruler_prompts(env.tokenizer, rc, text, env.context)
+    fresh = []
+    run_ruler_grid(env, rc, store, env.base_key(args.compile, args.seed), text,
+                   compile=args.compile, on_cell=fresh.append)
+    rows = store.rows() if store is not None else fresh
+    labels = [s.label for s in specs]
+    scores = {t: expand_full(acc, args.cache_size) for t, acc in ruler_scores(
+        rows, labels, [None] + args.cache_size, rc.tasks, args.lengths).items()}
+    if plot:
+        plots.ruler_heatmaps(scores, rc.tasks, labels, args.cache_size, args.lengths, plot)
+    if args.json:
+        for row in rows:
+            if in_grid(row, "ruler", labels, [None] + args.cache_size, args.lengths) \
+                    and row.get("task") in rc.tasks:
+                print(json.dumps({k: row[k] for k in ("label", "cache_size", "task", "length",
+                                                      "score", "cache_bytes")}))
+    else:
+        for task in rc.tasks:
+            print(f"{task}\n" + "\n".join(ruler_table(scores.get(task, {}), labels,
+                                                      args.cache_size, args.lengths)) + "\n")
+
+
 def sweep_main(args) -> None:
     from engine.sweep import load_config, render, run_sweep
     cfg = load_config(args.config, out_dir=args.out)
@@ -239,7 +399,8 @@ def sweep_main(args) -> None:
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
-    {"ppl": ppl_main, "passkey": passkey_main, "sweep": sweep_main}[args.command](args)
+    {"ppl": ppl_main, "passkey": passkey_main, "ruler": ruler_main,
+     "attention-loss": attention_loss_main, "sweep": sweep_main}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -200,7 +200,7 @@ class CacheFactory:
         self.cls, self.kwargs, self.spec = cls, kwargs, spec
 
     def __call__(self, batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope,
-                 layer_id: int = 0, n_layers: Optional[int] = None) -> KVCache:
+                 layer_id: int = 0) -> KVCache:
         return self.cls(batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope,
                         layer_id=layer_id, **self.kwargs)
 
@@ -314,12 +314,9 @@ class LayeredFactory(CacheFactory):
         return "layers " + ", ".join(f"{a}" + (f"-{b}" if b > a else "") + f" {w}"
                                      for a, b, w in runs)
 
-    def __call__(self, batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope,
-                 layer_id: int = 0, n_layers: Optional[int] = None) -> KVCache:
-        if n_layers is None:
-            raise UserError("a layered cache plan needs the model's layer count")
-        return self.plan(n_layers)[layer_id][2](batch_size, n_kv_heads, head_dim,
-                                                max_seq_length, dtype, rope, layer_id)
+    def __call__(self, *args, **kw) -> KVCache:
+        raise TypeError("a layered plan builds each layer by its own factory: use "
+                        "layers(n_layers), as build_caches does")
 
 
 # Settings of make_cache_factory every region policy takes (the rest are policy options).
@@ -340,9 +337,15 @@ def _meta_caches(make_cache, args, batch_size: int, max_seq_length: int, dtype: 
     """Every layer's cache and the RoPE table, built on the meta device (no memory taken)."""
     with torch.device("meta"):
         rope = torch.empty(max_seq_length, args.head_dim // 2, 2)
-        return [make_cache(batch_size, args.n_kv_heads, args.head_dim, max_seq_length, dtype,
-                           rope, layer_id=i, n_layers=args.n_layer)
-                for i in range(args.n_layer)], rope
+        return [make(batch_size, args.n_kv_heads, args.head_dim, max_seq_length, dtype, rope,
+                     layer_id=i) for i, make in enumerate(layer_makers(make_cache, args))], rope
+
+
+def layer_makers(make_cache, args) -> list:
+    """The builder of each layer's cache: a plan's own per layer, else make_cache for all."""
+    if hasattr(make_cache, "layers"):
+        return make_cache.layers(args.n_layer)
+    return [make_cache] * args.n_layer
 
 
 def row_nbytes(make_cache, args, dtype: torch.dtype) -> int:
@@ -434,10 +437,9 @@ def build_caches(model, batch_size: int, max_seq_length: int, make_cache=None) -
                model.device, "lower `cache_size`, `max_seq_length` or the batch size")
     rope = model.rope(max_seq_length)
     with torch.device(model.device):
-        caches = nn.ModuleList(make_cache(batch_size, args.n_kv_heads, args.head_dim,
-                                          max_seq_length, model.dtype, rope, layer_id=i,
-                                          n_layers=args.n_layer)
-                               for i in range(args.n_layer))
+        caches = nn.ModuleList(make(batch_size, args.n_kv_heads, args.head_dim, max_seq_length,
+                                    model.dtype, rope, layer_id=i)
+                               for i, make in enumerate(layer_makers(make_cache, args)))
     for cache in caches:  # a tensor-parallel model's caches hold its rank's KV heads
         cache.shard = getattr(model, "kv_shard", None)
     return caches

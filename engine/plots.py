@@ -88,11 +88,25 @@ def cache_bytes(nbytes: dict, labels: list, sizes: list, path):
     return save(fig, path)
 
 
+def _heatmap(ax, values: list, xticks: list, yticks: list):
+    """values[row][column] in [0, 1] or None (blank), each cell labelled with its percent."""
+    import numpy as np
+
+    grid = np.full((len(values), len(xticks)), np.nan)
+    for i, row in enumerate(values):
+        for j, v in enumerate(row):
+            if v is not None:
+                grid[i, j] = v
+                ax.text(j, i, f"{v:.0%}", ha="center", va="center", fontsize=7)
+    image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    ax.set_xticks(range(len(xticks)), xticks, fontsize=7)
+    ax.set_yticks(range(len(yticks)), yticks, fontsize=7)
+    return image
+
+
 def passkey_heatmaps(acc: dict, labels: list, sizes: list, lengths: list, depths: list, path):
     """acc[(label, size)][length][depth] -> accuracy in [0, 1]; one depth x length panel per
     policy (rows) and budget (columns); missing cells are blank."""
-    import numpy as np
-
     fig, axes = plt.subplots(len(labels), len(sizes), figsize=(1.1 * len(lengths) * len(sizes)
                                                                + 1.5, 1.0 * len(depths)
                                                                * len(labels) + 0.8),
@@ -105,16 +119,8 @@ def passkey_heatmaps(acc: dict, labels: list, sizes: list, lengths: list, depths
                 ax.axis("off")
                 continue
             cell = acc.get((label, size), {})
-            grid = np.full((len(depths), len(lengths)), np.nan)
-            for j, length in enumerate(lengths):
-                for i, depth in enumerate(depths):
-                    v = cell.get(length, {}).get(depth)
-                    if v is not None:
-                        grid[i, j] = v
-                        ax.text(j, i, f"{v:.0%}", ha="center", va="center", fontsize=7)
-            image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-            ax.set_xticks(range(len(lengths)), [str(x) for x in lengths], fontsize=7)
-            ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
+            image = _heatmap(ax, [[cell.get(n, {}).get(d) for n in lengths] for d in depths],
+                             [str(x) for x in lengths], [f"{d:g}" for d in depths])
             ax.set_title(label if label == "full" else f"{label} @ {size}", fontsize=8)
             if c == 0:
                 ax.set_ylabel("depth", fontsize=7)
@@ -122,4 +128,52 @@ def passkey_heatmaps(acc: dict, labels: list, sizes: list, lengths: list, depths
                 ax.set_xlabel("length", fontsize=7)
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.6, label="passkey accuracy")
+    return save(fig, path)
+
+
+def ruler_heatmaps(scores: dict, tasks: list, labels: list, sizes: list, lengths: list, path):
+    """scores[task][(label, size)][length] -> mean score in [0, 1]; one (policy @ budget) x
+    length panel per task, `full` in one row; missing cells are blank."""
+    rows = [(label, size) for label in labels for size in (sizes[:1] if label == "full"
+                                                            else sizes)]
+    names = [label if label == "full" else f"{label} @ {size}" for label, size in rows]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(0.9 * len(lengths) * len(tasks) + 2.5
+                                                     * len(tasks), 0.28 * len(rows) + 1.2),
+                             squeeze=False, layout="constrained")
+    image = None
+    for ax, task in zip(axes[0], tasks):
+        acc = scores.get(task, {})
+        image = _heatmap(ax, [[acc.get(row, {}).get(n) for n in lengths] for row in rows],
+                         [str(x) for x in lengths], names)
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("length", fontsize=7)
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.6, label="mean score")
+    return save(fig, path)
+
+
+def attention_loss(rows: list, ppl: dict, path):
+    """rows: attention-loss rows (label, corpus, per_layer, loss); ppl[(label, corpus)] -> the
+    policy's own perplexity and ppl[("full", corpus)] the reference. Left: loss per layer;
+    right: mean loss against the perplexity increase over full."""
+    corpora = sorted({r["corpus"] for r in rows})
+    fig, axes = plt.subplots(len(corpora), 2, figsize=(11, 4 * len(corpora)), squeeze=False,
+                             layout="constrained")
+    for (left, right), corpus in zip(axes, corpora):
+        mine = [r for r in rows if r["corpus"] == corpus]
+        for r in mine:
+            left.plot(range(len(r["per_layer"])), r["per_layer"], marker=".", label=r["label"])
+        left.set(title=f"{corpus}: attention loss by layer", xlabel="layer",
+                 ylabel="attention mass lost")
+        left.legend(fontsize=7, ncol=2)
+        ref = ppl.get(("full", corpus))
+        for r in mine:
+            got = ppl.get((r["label"], corpus))
+            if got is None or ref is None:
+                continue
+            right.scatter(r["loss"], 100 * (got / ref - 1))
+            right.annotate(r["label"], (r["loss"], 100 * (got / ref - 1)), fontsize=7)
+        right.set(title=f"{corpus}: does the loss predict the damage?",
+                  xlabel="attention loss (mean over layers and tokens)",
+                  ylabel="ppl increase over full (%)")
     return save(fig, path)

@@ -1,4 +1,4 @@
-"""Resumable evaluation grids: policies x cache sizes x corpora (+ passkey retrieval).
+"""Resumable evaluation grids: policies x cache sizes x corpora (+ passkey, RULER-style tasks).
 
     python eval.py sweep --config configs/results.toml [--out DIR] [--render-only]
 
@@ -24,6 +24,11 @@ Config (TOML or JSON), every key optional except `policies` and `corpora`:
     corpus = "wiki"  lengths = [1024, 2048]  depths = [0.1, 0.5, 0.9]  trials = 5  seed = 0
     cache_sizes = [...]  policies = [...]   # default: the top-level ones
     new_tokens = 8  batch_size = 0          # 0: all trials x depths of a cell in one batch
+    [ruler]                         # optional: synthetic tasks of engine/ruler.py
+    corpus = "wiki"  lengths = [1024, 2048]  trials = 2  seed = 0   # corpus: the haystack
+    tasks = ["niah_multikey", "niah_multivalue", "variable_tracking", "common_words"]  # default
+    cache_sizes = [...]  policies = [...]   # default: the top-level ones
+    new_tokens = 16  batch_size = 0         # new_tokens: every task's (default: each its own)
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -41,12 +47,15 @@ from core.errors import UserError
 from engine.files import check_writable, write_atomic
 
 POLICY_KEYS = ("kv_middle", "positions", "sink", "window", "prefill_chunk", "prompt_compression",
+               "observation_window", "budget_pattern", "layer_pattern",
                "forgetting_factor", "merge_span", "lag", "lag_keep_ratio")
 TOP_KEYS = ("out_dir", "checkpoint_path", "dtype", "device", "compile", "seed", "max_tokens",
             "corpora", "corpus_dir", "cache_sizes", "size_dtype", "policies", "curve_policies",
-            "passkey")
+            "passkey", "ruler")
 PASSKEY_KEYS = ("corpus", "text_file", "lengths", "depths", "trials", "seed", "cache_sizes",
                 "policies", "new_tokens", "batch_size")
+RULER_KEYS = ("corpus", "text_file", "tasks", "lengths", "trials", "seed", "cache_sizes",
+              "policies", "new_tokens", "batch_size")
 DEFAULT_CURVE_POLICIES = ("weightedkv", "weightedkv-evict", "full")
 
 
@@ -72,10 +81,10 @@ class PolicySpec:
     def sizes(self, sizes: list) -> list:
         """The budgets this policy runs at: `full` once (None), a policy that keeps every token
         (quantized) at token budgets only (it has no regions for a memory budget to size)."""
-        from caches import POLICIES
+        from caches import keeps_every_token
         if self.is_full:
             return [None]
-        if POLICIES[self.cache].keeps_every_token:
+        if keeps_every_token(self.cache):
             return [s for s in sizes if not isinstance(s, str)]
         return list(sizes)
 
@@ -133,7 +142,7 @@ def mib_budget(size) -> Optional[float]:
 
 
 def parse_policy(entry, where: str) -> PolicySpec:
-    from caches import POLICIES
+    from caches import POLICIES, layer_policies
     if isinstance(entry, str):
         name, _, suffix = entry.partition("+")
         if suffix not in ("", "int8"):
@@ -151,11 +160,25 @@ def parse_policy(entry, where: str) -> PolicySpec:
                             f"(known: cache, {', '.join(POLICY_KEYS)})")
     else:
         raise UserError(f"{where}: a policy is a name or a table, got {entry!r}")
-    if name not in POLICIES:
-        raise UserError(f"{where}: unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
-    defaults = {"kv_middle": "model", "positions": "original", "prompt_compression": "chunked"}
+    unknown = [p for p in layer_policies(name) if p not in POLICIES]
+    if unknown:
+        raise UserError(f"{where}: unknown policy {unknown[0]!r}; choose one of "
+                        f"{', '.join(POLICIES)}")
+    defaults = {"kv_middle": "model", "positions": "original", "prompt_compression": "chunked",
+                "budget_pattern": "uniform"}
     opts = {k: v for k, v in opts.items() if defaults.get(k, object()) != v}
     return PolicySpec(name, tuple(sorted(opts.items())))
+
+
+def cli_policies(text: str, sizes: list, seed: int) -> list:
+    """--cache "full,weightedkv+int8": the specs, each checked to build at every size."""
+    specs = [parse_policy(name.strip(), "--cache") for name in text.split(",") if name.strip()]
+    if not specs:
+        raise UserError("--cache needs at least one policy")
+    for spec in specs:
+        for size in sizes:
+            spec.factory(size, seed)
+    return specs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,6 +199,33 @@ class PasskeyConfig:
 
 
 @dataclass
+class RulerConfig:
+    lengths: list
+    tasks: list = field(default_factory=list)  # default: every task of engine/ruler.py
+    trials: int = 2
+    seed: int = 0
+    corpus: Optional[str] = None
+    text_file: Optional[str] = None
+    policies: list = field(default_factory=list)
+    cache_sizes: list = field(default_factory=list)
+    new_tokens: Optional[int] = None  # None: each task's own (engine.ruler.TASKS)
+    batch_size: int = 0
+
+    def __post_init__(self):
+        from engine.ruler import TASKS
+        self.tasks = list(self.tasks or TASKS)
+
+    def tokens(self, task: str) -> int:
+        from engine.ruler import TASKS
+        return self.new_tokens or TASKS[task].new_tokens
+
+    @property
+    def needs_haystack(self) -> bool:
+        from engine.ruler import TASKS
+        return any(TASKS[t].haystack for t in self.tasks)
+
+
+@dataclass
 class SweepConfig:
     path: Path
     out_dir: Path
@@ -192,6 +242,7 @@ class SweepConfig:
     corpus_dir: Optional[str] = None
     curve_policies: list = field(default_factory=lambda: list(DEFAULT_CURVE_POLICIES))
     passkey: Optional[PasskeyConfig] = None
+    ruler: Optional[RulerConfig] = None
 
 
 def _check(cond: bool, where: str, message: str) -> None:
@@ -284,6 +335,8 @@ def load_config(path, out_dir=None) -> SweepConfig:
         cfg.curve_policies = [parse_policy(p, where).label for p in raw["curve_policies"]]
     if "passkey" in raw:
         cfg.passkey = _passkey_config(raw["passkey"], cfg, f"{where} [passkey]")
+    if "ruler" in raw:
+        cfg.ruler = _ruler_config(raw["ruler"], cfg, f"{where} [ruler]")
     # Every (policy, size) must build before anything runs: a bad cell fails now, not in hour 3
     # (budgets in MiB need the model's shape: run_sweep checks them before the first cell).
     for spec in cfg.policies:
@@ -293,12 +346,31 @@ def load_config(path, out_dir=None) -> SweepConfig:
     return cfg
 
 
-def _passkey_config(raw, cfg: SweepConfig, where: str) -> PasskeyConfig:
+def _section(raw, keys: tuple, where: str) -> None:
     _check(isinstance(raw, dict), where, "must be a table")
-    unknown = sorted(set(raw) - set(PASSKEY_KEYS))
-    _check(not unknown, where, f"unknown key(s) {', '.join(unknown)} (known: "
-                               f"{', '.join(PASSKEY_KEYS)})")
+    unknown = sorted(set(raw) - set(keys))
+    _check(not unknown, where, f"unknown key(s) {', '.join(unknown)} (known: {', '.join(keys)})")
     _check("lengths" in raw, where, "needs lengths")
+
+
+def _decode_grid(raw, grid, cfg: SweepConfig, where: str, haystack: bool = True):
+    """What a passkey or ruler section shares: its haystack text and its (policy, size) grid,
+    every cell checked to build."""
+    if haystack or "corpus" in raw or "text_file" in raw:
+        _check(("corpus" in raw) != ("text_file" in raw), where, "give one of corpus or "
+                                                                  "text_file")
+    grid.corpus, grid.text_file = raw.get("corpus"), raw.get("text_file")
+    grid.policies = _policies(raw["policies"], where) if "policies" in raw else cfg.policies
+    grid.cache_sizes = (_int_list(raw["cache_sizes"], where, "cache_sizes", 2) if "cache_sizes"
+                        in raw else [s for s in cfg.cache_sizes if not isinstance(s, str)])
+    for spec in grid.policies:
+        for size in grid.cache_sizes:
+            spec.factory(size, cfg.seed)
+    return grid
+
+
+def _passkey_config(raw, cfg: SweepConfig, where: str) -> PasskeyConfig:
+    _section(raw, PASSKEY_KEYS, where)
     depths = raw.get("depths", [0.1, 0.5, 0.9])
     _check(isinstance(depths, list) and depths and all(
         isinstance(d, (int, float)) and not isinstance(d, bool) and 0 <= d <= 1 for d in depths),
@@ -309,15 +381,24 @@ def _passkey_config(raw, cfg: SweepConfig, where: str) -> PasskeyConfig:
                        seed=_pos_int(raw.get("seed", 0), where, "seed", 0),
                        new_tokens=_pos_int(raw.get("new_tokens", 8), where, "new_tokens"),
                        batch_size=_pos_int(raw.get("batch_size", 0), where, "batch_size", 0))
-    _check(("corpus" in raw) != ("text_file" in raw), where, "give one of corpus or text_file")
-    pk.corpus, pk.text_file = raw.get("corpus"), raw.get("text_file")
-    pk.policies = _policies(raw["policies"], where) if "policies" in raw else cfg.policies
-    pk.cache_sizes = (_int_list(raw["cache_sizes"], where, "cache_sizes", 2) if "cache_sizes"
-                      in raw else [s for s in cfg.cache_sizes if not isinstance(s, str)])
-    for spec in pk.policies:
-        for size in pk.cache_sizes:
-            spec.factory(size, cfg.seed)
-    return pk
+    return _decode_grid(raw, pk, cfg, where)
+
+
+def _ruler_config(raw, cfg: SweepConfig, where: str) -> RulerConfig:
+    from engine.ruler import parse_tasks
+    _section(raw, RULER_KEYS, where)
+    tasks = raw.get("tasks")
+    if tasks is not None:
+        _check(isinstance(tasks, list) and all(isinstance(t, str) for t in tasks), where,
+               f"tasks must be a list of task names, got {tasks!r}")
+        tasks = parse_tasks(tasks, where)
+    rc = RulerConfig(lengths=_int_list(raw["lengths"], where, "lengths", 16), tasks=tasks,
+                     trials=_pos_int(raw.get("trials", 2), where, "trials"),
+                     seed=_pos_int(raw.get("seed", 0), where, "seed", 0),
+                     new_tokens=(_pos_int(raw["new_tokens"], where, "new_tokens")
+                                 if "new_tokens" in raw else None),
+                     batch_size=_pos_int(raw.get("batch_size", 0), where, "batch_size", 0))
+    return _decode_grid(raw, rc, cfg, where, haystack=rc.needs_haystack)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -463,6 +544,11 @@ def run_sweep(cfg: SweepConfig) -> dict:
     if cfg.passkey is not None:  # bad lengths or a short haystack fail now, not after the ppl
         haystack = _haystack_text(cfg.passkey, cfg.corpus_dir)
         check_passkey_prompts(tokenizer, cfg.passkey, haystack, env.context)
+    ruler_haystack = None
+    if cfg.ruler is not None:
+        if cfg.ruler.needs_haystack:
+            ruler_haystack = _haystack_text(cfg.ruler, cfg.corpus_dir)
+        check_ruler_prompts(tokenizer, cfg.ruler, ruler_haystack, env.context)
     for spec in cfg.policies:
         positions = dict(spec.options).get("positions", "original")
         if cfg.max_tokens > env.context and (spec.is_full or positions == "original"):
@@ -549,42 +635,124 @@ def run_sweep(cfg: SweepConfig) -> dict:
         pk_cells, pk_tokens = run_passkey_grid(
             env, cfg.passkey, store, base,
             haystack_text=haystack, compile=cfg.compile)
+    pk_wall = time.perf_counter() - t_start - ppl_wall
+    ruler_cells = ruler_tokens = 0
+    if cfg.ruler is not None:
+        ruler_cells, ruler_tokens = run_ruler_grid(env, cfg.ruler, store, base, ruler_haystack,
+                                                   compile=cfg.compile)
     wall = time.perf_counter() - t_start
+    ruler_wall = wall - ppl_wall - pk_wall
     summary = {"kind": "run", "config": str(cfg.path), "cells_run": cells_run,
                "cells_skipped": skipped, "scored_tokens": scored, "passkey_cells": pk_cells,
-               "passkey_tokens": pk_tokens, "wall_s": round(wall, 3),
+               "passkey_tokens": pk_tokens, "ruler_cells": ruler_cells,
+               "ruler_tokens": ruler_tokens, "wall_s": round(wall, 3),
                "tokens_per_s": scored / ppl_wall if ppl_wall else 0.0,
                "ppl_wall_s": round(ppl_wall, 3),
-               "passkey_tokens_per_s": pk_tokens / (wall - ppl_wall) if pk_cells else 0.0,
+               "passkey_tokens_per_s": pk_tokens / pk_wall if pk_cells else 0.0,
+               "ruler_tokens_per_s": ruler_tokens / ruler_wall if ruler_cells else 0.0,
                **base,
                "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    if cells_run or pk_cells:
+    if cells_run or pk_cells or ruler_cells:
         store.append(summary)
     _log(f"sweep throughput: {cells_run} ppl cell(s), {scored} scored tokens in "
          f"{ppl_wall:.1f} s = {summary['tokens_per_s']:.1f} tokens/s; {pk_cells} passkey "
-         f"cell(s), {pk_tokens} tokens in {wall - ppl_wall:.1f} s = "
-         f"{summary['passkey_tokens_per_s']:.1f} tokens/s; {skipped} skipped; {wall:.1f} s in all")
+         f"cell(s), {pk_tokens} tokens in {pk_wall:.1f} s = "
+         f"{summary['passkey_tokens_per_s']:.1f} tokens/s; {ruler_cells} ruler cell(s), "
+         f"{ruler_tokens} tokens in {ruler_wall:.1f} s = "
+         f"{summary['ruler_tokens_per_s']:.1f} tokens/s; {skipped} skipped; {wall:.1f} s in all")
     render(cfg)
     return summary
 
 
-def _haystack_text(pk: PasskeyConfig, corpus_dir) -> str:
+def _haystack_text(grid, corpus_dir) -> str:
+    """The haystack of a passkey or ruler section."""
     from engine.evaluation import corpus_path, read_text
-    if pk.corpus is not None:
-        return read_text(corpus_path(pk.corpus, corpus_dir), f"corpus {pk.corpus}")
-    return read_text(pk.text_file)
+    if grid.corpus is not None:
+        return read_text(corpus_path(grid.corpus, corpus_dir), f"corpus {grid.corpus}")
+    return read_text(grid.text_file)
+
+
+def _haystack_pool(tokenizer, haystack_text: Optional[str], lengths: list) -> list:
+    # Enough text that trial offsets differ: four times the longest prompt.
+    from engine.evaluation import encode_prefix
+    if haystack_text is None:
+        return []
+    return encode_prefix(tokenizer, haystack_text, 4 * max(lengths))
+
+
+def _check_context(what: str, length: int, new_tokens: int, context: int) -> None:
+    if length + new_tokens > context:
+        raise UserError(f"{what} length {length} + {new_tokens} new tokens exceeds the model's "
+                        f"context of {context}; use `lengths` of at most {context - new_tokens}")
 
 
 def check_passkey_prompts(tokenizer, pk: PasskeyConfig, haystack_text: str,
                           context: int) -> None:
-    from engine.evaluation import encode_prefix
     from engine.passkey import build_cell_prompts
-    if max(pk.lengths) + pk.new_tokens > context:
-        raise UserError(f"passkey length {max(pk.lengths)} + {pk.new_tokens} new tokens exceeds "
-                        f"the model's context of {context}")
-    pool = encode_prefix(tokenizer, haystack_text, 4 * max(pk.lengths))
+    _check_context("passkey", max(pk.lengths), pk.new_tokens, context)
+    pool = _haystack_pool(tokenizer, haystack_text, pk.lengths)
     for length in pk.lengths:
         build_cell_prompts(tokenizer, pool, length, pk.depths[:1], 1, pk.seed, max(pk.lengths))
+
+
+def check_ruler_prompts(tokenizer, rc: RulerConfig, haystack_text: Optional[str],
+                        context: int) -> None:
+    """Every task, length and trial builds and fits the context, before anything runs."""
+    from engine.ruler import build_cell_prompts
+    longest = max(rc.tasks, key=rc.tokens)  # the longest answer bounds every length
+    _check_context(longest, max(rc.lengths), rc.tokens(longest), context)
+    pool = _haystack_pool(tokenizer, haystack_text, rc.lengths)
+    for task in rc.tasks:
+        for length in rc.lengths:
+            build_cell_prompts(tokenizer, pool, task, length, rc.trials, rc.seed,
+                               max(rc.lengths))
+
+
+def cell_tokens(row: dict) -> int:
+    """Prompt and answer tokens of a passkey or ruler cell."""
+    return len(row["answers"]) * (row["length"] + row["key"]["new_tokens"])
+
+
+def run_cells(kind: str, cells: list, store: Optional[ResultStore], describe,
+              compile: bool = False, on_cell=None) -> tuple:
+    """cells: (key, fields, run, name) of batched greedy-decode cells; run() returns the cell's
+    results. Runs those whose key is not in store, appends each as {"key": key, **fields,
+    **results} to store (if given), passes it to on_cell and logs describe(row). Returns
+    (cells run, prompt + new tokens)."""
+    done = store.done() if store is not None else set()
+    todo = [c for c in cells if key_id(c[0]) not in done]
+    _log(f"{kind}: {len(todo)} cell(s) to run")
+    n_tokens = 0
+    for i, (key, fields, run, name) in enumerate(todo, 1):
+        if compile:
+            _reset_compiler()
+        row = {"key": key, **fields, **run(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        if store is not None:
+            store.append(row)
+        if on_cell is not None:
+            on_cell(row)
+        n_tokens += cell_tokens(row)
+        _log(f"[{kind} {i}/{len(todo)}] {name}: {describe(row)}, {row['seconds']:.1f} s")
+    return len(todo), n_tokens
+
+
+def _grid_cells(grid, base: dict, kind: str, tasks: list, key_fields, run) -> list:
+    """The cells of a passkey or ruler grid for run_cells: policy x size (full once) x task
+    (passkey: the one task None) x length; run(spec, size, task, length) runs one."""
+    cells = []
+    for spec in grid.policies:
+        for size in ([None] if spec.is_full else grid.cache_sizes):
+            for task in tasks:
+                for length in grid.lengths:
+                    key = {**base, "kind": kind, "policy": spec.cache,
+                           "options": dict(spec.options), "cache_size": size, "length": length,
+                           **key_fields(task, length)}
+                    fields = {"label": spec.label, "policy": spec.cache, "cache_size": size,
+                              **({"task": task} if task is not None else {}), "length": length}
+                    name = (spec.label + ("" if size is None else f"@{size}")
+                            + ("" if task is None else f" {task}") + f" L={length}")
+                    cells.append((key, fields, partial(run, spec, size, task, length), name))
+    return cells
 
 
 def run_passkey_grid(env: Setup, pk: PasskeyConfig, store: Optional[ResultStore],
@@ -592,54 +760,67 @@ def run_passkey_grid(env: Setup, pk: PasskeyConfig, store: Optional[ResultStore]
                      on_cell=None) -> tuple:
     """Run every missing (policy, size, length) cell, all trials x depths batched; append each
     to store (if given) and pass it to on_cell. Returns (cells run, prompt + new tokens)."""
-    from engine.evaluation import encode_prefix
     from engine.passkey import build_cell_prompts, run_cell
 
-    tokenizer = env.tokenizer
-    longest = max(pk.lengths)
-    pool = encode_prefix(tokenizer, haystack_text, 4 * longest)
-    done = store.done() if store is not None else set()
-    haystack = pk.corpus or pk.text_file
+    pool = _haystack_pool(env.tokenizer, haystack_text, pk.lengths)
+    fields = {"haystack": pk.corpus or pk.text_file, "haystack_sha1": ids_sha1(pool),
+              "depths": pk.depths, "trials": pk.trials, "passkey_seed": pk.seed,
+              "new_tokens": pk.new_tokens}
 
-    def cell_key(spec, size, length):
-        return {**base, "kind": "passkey", "haystack": haystack, "haystack_sha1": ids_sha1(pool),
-                "policy": spec.cache, "options": dict(spec.options), "cache_size": size,
-                "length": length, "depths": pk.depths, "trials": pk.trials,
-                "passkey_seed": pk.seed, "new_tokens": pk.new_tokens}
+    def run(spec, size, _, length):
+        prompts = build_cell_prompts(env.tokenizer, pool, length, pk.depths, pk.trials, pk.seed,
+                                     max(pk.lengths))
+        return run_cell(env.model, env.tokenizer, spec.factory(size, base.get("seed", 0)),
+                        prompts, pk.new_tokens, compile=compile,
+                        batch_size=pk.batch_size or None)
 
-    todo = [(spec, size, length) for spec in pk.policies
-            for size in ([None] if spec.is_full else pk.cache_sizes) for length in pk.lengths
-            if key_id(cell_key(spec, size, length)) not in done]
-    _log(f"passkey: {len(todo)} cell(s) to run")
-    n_tokens = 0
-    for i, (spec, size, length) in enumerate(todo, 1):
-        prompts = build_cell_prompts(tokenizer, pool, length, pk.depths, pk.trials, pk.seed,
-                                     longest)
-        if compile:
-            _reset_compiler()
-        result = run_cell(env.model, tokenizer, spec.factory(size, base.get("seed", 0)), prompts,
-                          pk.new_tokens, compile=compile, batch_size=pk.batch_size or None)
-        row = {"key": cell_key(spec, size, length), "label": spec.label, "policy": spec.cache,
-               "cache_size": size, "length": length, **result,
-               "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        if store is not None:
-            store.append(row)
-        if on_cell is not None:
-            on_cell(row)
-        n_tokens += len(prompts) * (length + pk.new_tokens)
-        name = spec.label + ("" if size is None else f"@{size}")
-        _log(f"[passkey {i}/{len(todo)}] {name} L={length}: accuracy {result['accuracy']:.0%} "
-             f"({' '.join(f'{d}:{a:.0%}' for d, a in result['by_depth'].items())}), "
-             f"{result['seconds']:.1f} s")
-    return len(todo), n_tokens
+    def describe(row):
+        depths = " ".join(f"{d}:{a:.0%}" for d, a in row["by_depth"].items())
+        return f"accuracy {row['accuracy']:.0%} ({depths})"
+
+    cells = _grid_cells(pk, base, "passkey", [None], lambda *_: fields, run)
+    return run_cells("passkey", cells, store, describe, compile, on_cell)
+
+
+def run_ruler_grid(env: Setup, rc: RulerConfig, store: Optional[ResultStore], base: dict,
+                   haystack_text: Optional[str], compile: bool = False, on_cell=None) -> tuple:
+    """Run every missing (policy, size, task, length) cell, its trials batched; append each to
+    store (if given) and pass it to on_cell. Returns (cells run, prompt + new tokens)."""
+    from engine.ruler import TASKS, build_cell_prompts, run_cell
+
+    pool = _haystack_pool(env.tokenizer, haystack_text, rc.lengths)
+    # Every policy reads the same prompts; their hash keys the cells, so a change of haystack,
+    # seed or generator runs them afresh.
+    prompts = {(task, length): build_cell_prompts(env.tokenizer, pool, task, length, rc.trials,
+                                                  rc.seed, max(rc.lengths))
+               for task in rc.tasks for length in rc.lengths}
+
+    def key_fields(task, length):
+        return {"task": task, "trials": rc.trials, "ruler_seed": rc.seed,
+                "new_tokens": rc.tokens(task),
+                "haystack": (rc.corpus or rc.text_file) if TASKS[task].haystack else None,
+                "prompts_sha1": ids_sha1([p.ids for p in prompts[(task, length)]])}
+
+    def run(spec, size, task, length):
+        return run_cell(env.model, env.tokenizer, spec.factory(size, base.get("seed", 0)),
+                        prompts[(task, length)], rc.tokens(task), compile=compile,
+                        batch_size=rc.batch_size or None)
+
+    cells = _grid_cells(rc, base, "ruler", rc.tasks, key_fields, run)
+    return run_cells("ruler", cells, store, lambda row: f"score {row['score']:.0%}", compile,
+                     on_cell)
 
 
 # ---------------------------------------------------------------------------------------------
 # Rendering
 
-def in_passkey_grid(row: dict, labels, sizes, lengths) -> bool:
-    return (row.get("key", {}).get("kind") == "passkey" and row["label"] in labels
+def in_grid(row: dict, kind: str, labels, sizes, lengths) -> bool:
+    return (row.get("key", {}).get("kind") == kind and row["label"] in labels
             and row["cache_size"] in sizes and row["length"] in lengths)
+
+
+def in_passkey_grid(row: dict, labels, sizes, lengths) -> bool:
+    return in_grid(row, "passkey", labels, sizes, lengths)
 
 
 def passkey_accuracy(rows: list, labels, sizes, lengths, depths) -> dict:
@@ -653,6 +834,16 @@ def passkey_accuracy(rows: list, labels, sizes, lengths, depths) -> dict:
             if float(d) in depths:
                 cell[float(d)] = a
     return acc
+
+
+def ruler_scores(rows: list, labels, sizes, tasks, lengths) -> dict:
+    """{task: {(label, size): {length: mean score}}} from ruler rows (last row wins)."""
+    out = {}
+    for r in rows:
+        if in_grid(r, "ruler", labels, sizes, lengths) and r.get("task") in tasks:
+            out.setdefault(r["task"], {}).setdefault((r["label"], r["cache_size"]),
+                                                     {})[r["length"]] = r["score"]
+    return out
 
 
 def expand_full(acc: dict, sizes: list) -> dict:
@@ -708,8 +899,8 @@ def render(cfg: SweepConfig) -> list:
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     # The best policy of each column in bold: among those held to the budget (not full, not a
     # policy that keeps every token).
-    from caches import POLICIES
-    budgeted = [s.label for s in cfg.policies if not POLICIES[s.cache].keeps_every_token]
+    from caches import keeps_every_token
+    budgeted = [s.label for s in cfg.policies if not keeps_every_token(s.cache)]
     best = {}
     for c in cfg.corpora:
         for s in sizes:
@@ -732,11 +923,14 @@ def render(cfg: SweepConfig) -> list:
                 cells += [f"{value}{delta}", f"{r['cache_bytes'] / 2**20:.2f}{tokens}",
                           f"{r['tokens_per_s']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    pk = cfg.passkey
+    pk, rc = cfg.passkey, cfg.ruler
     pk_labels = [s.label for s in pk.policies] if pk is not None else []
     pk_rows = [r for r in rows if pk is not None
                and in_passkey_grid(r, pk_labels, [None] + pk.cache_sizes, pk.lengths)]
-    lines += _throughput_lines(ppl_rows.values(), pk_rows, runs)
+    rc_labels = [s.label for s in rc.policies] if rc is not None else []
+    rc_rows = [r for r in rows if rc is not None and r.get("task") in rc.tasks
+               and in_grid(r, "ruler", rc_labels, [None] + rc.cache_sizes, rc.lengths)]
+    lines += _throughput_lines(ppl_rows.values(), pk_rows, rc_rows, runs)
 
     if ppl_rows:
         ppl = {(lb, s, c): r["ppl"] for (lb, s, c), r in ppl_rows.items() if s is not None}
@@ -763,6 +957,24 @@ def render(cfg: SweepConfig) -> list:
             written.append(plots.passkey_heatmaps(acc, pk_labels, pk.cache_sizes, pk.lengths,
                                                   pk.depths, cfg.out_dir / "passkey.png"))
             lines += ["", "![passkey](passkey.png)"]
+    if rc is not None:
+        scores = {t: expand_full(acc, rc.cache_sizes) for t, acc in
+                  ruler_scores(rows, rc_labels, [None] + rc.cache_sizes, rc.tasks,
+                               rc.lengths).items()}
+        if scores:
+            tokens = ", ".join(f"{t} {rc.tokens(t)}" for t in rc.tasks)
+            lines += ["", "## RULER-style synthetic tasks", "",
+                      f"Mean score over {rc.trials} trial(s) per cell (the fraction of the "
+                      f"expected keys, values, variables or words in the answer); haystack "
+                      f"`{rc.corpus or rc.text_file}`; greedy, new tokens: {tokens}."]
+            for task in rc.tasks:
+                if task in scores:
+                    lines += ["", f"### {task}", ""]
+                    lines += ruler_table(scores[task], rc_labels, rc.cache_sizes, rc.lengths)
+            written.append(plots.ruler_heatmaps(scores, [t for t in rc.tasks if t in scores],
+                                                rc_labels, rc.cache_sizes, rc.lengths,
+                                                cfg.out_dir / "ruler.png"))
+            lines += ["", "![ruler](ruler.png)"]
     report = cfg.out_dir / "report.md"
     write_atomic(report, "\n".join(lines) + "\n")
     written.append(report)
@@ -770,10 +982,10 @@ def render(cfg: SweepConfig) -> list:
     return written
 
 
-def _throughput_lines(ppl_rows, passkey_rows, runs) -> list:
+def _throughput_lines(ppl_rows, passkey_rows, ruler_rows, runs) -> list:
     """The sweep's own speed, summed over the cells in the report (a resumed sweep's cells come
     from several runs): scored tokens per second of perplexity, prompt + answer tokens per
-    second of passkey."""
+    second of passkey and of the ruler tasks."""
     out = []
     # The corpora of a batched cell share its seconds: each row carries the batch's time.
     ppl_s = sum(r["seconds"] / r["batch"] for r in ppl_rows)
@@ -781,34 +993,50 @@ def _throughput_lines(ppl_rows, passkey_rows, runs) -> list:
     if ppl_s:
         out.append(f"perplexity, {ppl_tokens:,} scored tokens in {ppl_s / 3600:.2f} h of cell "
                    f"time = {ppl_tokens / ppl_s:.1f} tokens/s")
-    pk_s = sum(r["seconds"] for r in passkey_rows)
-    pk_tokens = sum(len(r["answers"]) * (r["length"] + r["key"]["new_tokens"])
-                    for r in passkey_rows)
-    if pk_s:
-        out.append(f"passkey, {pk_tokens:,} prompt and answer tokens in {pk_s / 3600:.2f} h = "
-                   f"{pk_tokens / pk_s:.1f} tokens/s")
+    for what, cells in (("passkey", passkey_rows), ("ruler", ruler_rows)):
+        seconds = sum(r["seconds"] for r in cells)
+        tokens = sum(cell_tokens(r) for r in cells)
+        if seconds:
+            out.append(f"{what}, {tokens:,} prompt and answer tokens in {seconds / 3600:.2f} h "
+                       f"= {tokens / seconds:.1f} tokens/s")
     if not out:
         return []
     line = ("Sweep throughput (every cell of this report, compile time included): "
             + "; ".join(out) + ".")
     if runs:
         last = runs[-1]
+        ruler = f", {last['ruler_cells']} ruler" if last.get("ruler_cells") else ""
         line += (f" Last run: {last['cells_run']} perplexity and {last.get('passkey_cells', 0)} "
-                 f"passkey cell(s) in {last['wall_s']:.0f} s, {last['cells_skipped']} resumed.")
+                 f"passkey{ruler} cell(s) in {last['wall_s']:.0f} s, {last['cells_skipped']} "
+                 f"resumed.")
     return ["", line]
 
 
-def passkey_table(acc: dict, labels, sizes, lengths, depths) -> list:
-    head = ["policy", "cache"] + [f"L={n} d={d:g}" for n in lengths for d in depths] + ["mean"]
+def score_table(acc: dict, labels, sizes, columns: list) -> list:
+    """Markdown rows: acc[(label, size)] -> {column: score in [0, 1]}; columns: (header,
+    column) pairs; one row per policy and budget (full once), then the mean of its cells."""
+    head = ["policy", "cache"] + [h for h, _ in columns] + ["mean"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label in labels:
         for size in sizes[:1] if label == "full" else sizes:  # full ignores the budget
             cell = acc.get((label, size))
             if cell is None:
                 continue
-            vals = [cell.get(n, {}).get(d) for n in lengths for d in depths]
+            vals = [cell.get(c) for _, c in columns]
             got = [v for v in vals if v is not None]
             mean = f"{sum(got) / len(got):.0%}" if got else "-"
             lines.append("| " + " | ".join([label, "all" if label == "full" else str(size)] + [
                 "-" if v is None else f"{v:.0%}" for v in vals] + [mean]) + " |")
     return lines
+
+
+def passkey_table(acc: dict, labels, sizes, lengths, depths) -> list:
+    flat = {k: {(n, d): v for n, by_depth in cell.items() for d, v in by_depth.items()}
+            for k, cell in acc.items()}
+    return score_table(flat, labels, sizes, [(f"L={n} d={d:g}", (n, d)) for n in lengths
+                                             for d in depths])
+
+
+def ruler_table(acc: dict, labels, sizes, lengths) -> list:
+    """acc[(label, size)][length] -> mean score of one task."""
+    return score_table(acc, labels, sizes, [(f"L={n}", n) for n in lengths])
