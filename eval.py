@@ -58,6 +58,9 @@ def build_parser() -> Parser:
     add_text_arguments(ppl, "to score")
     ppl.add_argument("--max_tokens", type=positive_int, default=None,
                      help="score the first N tokens of the text (N - 1 predictions)")
+    ppl.add_argument("--prompt_tokens", type=int, default=0,
+                     help="read the first P tokens as one prompt, as generation reads it "
+                          "(--prompt_compression applies), and score only the tokens after it")
     add_cache_arguments(ppl)
     ppl.add_argument("--seed", type=seed_int, default=0, help="seeds CaM's random merges")
     add_model_arguments(ppl)
@@ -181,7 +184,10 @@ def ppl_main(args) -> None:
     context = model_args(cfg).max_position_embeddings
     size_cache_from_mib(args, cfg, dtype)
     resolve_positions(args, len(ids), context)
-    fit_cache_to_stream(args, 1, len(ids))  # tokens are scored one at a time
+    if not 0 <= args.prompt_tokens < len(ids):
+        raise UserError(f"--prompt_tokens {args.prompt_tokens} must be between 0 and "
+                        f"{len(ids) - 1} (the text has {len(ids)} tokens)")
+    fit_cache_to_stream(args, max(args.prompt_tokens, 1), len(ids))
     make_cache = cache_factory_from_args(args, seed=args.seed)
     if len(ids) > context and (args.cache == "full" or args.positions == "original"):
         raise UserError(f"{len(ids)} tokens exceed the model's context of {context}; pass "
@@ -197,14 +203,16 @@ def ppl_main(args) -> None:
         step = compile_step(score_step, model, caches)
         compile_s = warmup(model, caches, step, 1)
 
-    bar = tqdm(total=len(ids) - 1, unit="tok", disable=args.json or not sys.stderr.isatty())
+    scored = len(ids) - max(args.prompt_tokens, 1)
+    bar = tqdm(total=scored, unit="tok", disable=args.json or not sys.stderr.isatty())
 
     def progress(n, nlls):
-        if n % 64 == 0 or n == len(ids) - 1:
+        if n % 64 == 0 or n == scored:
             bar.update(n - bar.n)
             bar.set_postfix(ppl=f"{math.exp(nlls.mean().item()):.2f}")
 
-    result = streaming_perplexity(model, caches, ids, step, progress)
+    result = streaming_perplexity(model, caches, ids, step, progress,
+                                  prompt=args.prompt_tokens)
     bar.close()
     cache_bytes = sum(c.nbytes for c in caches)
     out = {"nll": result.nll, "ppl": result.ppl, "tokens": result.tokens,
@@ -213,9 +221,13 @@ def ppl_main(args) -> None:
            "kv_middle": args.kv_middle, "positions": args.positions,
            "cache_bytes": cache_bytes, "tokens_per_s": result.tokens_per_s,
            "compile_s": compile_s, "dtype": str(dtype).removeprefix("torch."),
-           "corpus": args.corpus, "text_file": args.text_file, "ranks": tp.world if tp else 1}
+           "corpus": args.corpus, "text_file": args.text_file, "ranks": tp.world if tp else 1,
+           "prompt_tokens": args.prompt_tokens,
+           "prompt_compression": args.prompt_compression or (
+               None if args.cache == "full" else "chunked")}
     if args.curve:
-        write_atomic(Path(args.curve), json.dumps({"position": list(range(1, len(ids))),
+        write_atomic(Path(args.curve), json.dumps({"position": list(range(
+            max(args.prompt_tokens, 1), len(ids))),
                                                    "log_ppl": result.curve}))
     if args.json:
         print(json.dumps(out))

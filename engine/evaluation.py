@@ -69,33 +69,46 @@ class PerplexityResult:
 
 
 def streaming_perplexity(model: Transformer, caches, ids: list, step=score_step,
-                         progress: Optional[Callable] = None) -> PerplexityResult:
+                         progress: Optional[Callable] = None, prompt: int = 0
+                         ) -> PerplexityResult:
     """ids: token ids of the text; caches (caches.build_caches) of batch 1. step may be
-    compiled."""
-    return batched_streaming_perplexity(model, caches, [ids], step, progress)[0]
+    compiled; prompt: as batched_streaming_perplexity."""
+    return batched_streaming_perplexity(model, caches, [ids], step, progress, prompt)[0]
 
 
 @torch.inference_mode()
 def batched_streaming_perplexity(model: Transformer, caches, streams: list, step=score_step,
-                                 progress: Optional[Callable] = None) -> list:
+                                 progress: Optional[Callable] = None, prompt: int = 0) -> list:
     """streams: B token-id lists of equal length; caches (caches.build_caches) of batch B.
 
+    prompt > 0: the first `prompt` tokens are read as one prompt, as generation reads it (the
+    caches' prompt compression), and only the tokens after it are scored.
     progress(n, nlls) is called after every step with n scored positions and nlls [n, B]."""
+    from engine.generation import read_prompt
     B, n = _stream_shape(streams)
+    if not 0 <= prompt < n:
+        raise UserError(f"a prompt of {prompt} tokens leaves nothing to score in {n}; give "
+                        f"fewer than {n}")
     device = model.device
     # [n, B] so that every step's tokens are one contiguous row (compiled graphs guard strides)
     ids_t = torch.tensor(streams, device=device).T.contiguous()
     for cache in caches:
         cache.reset()
-    nlls = torch.empty(n - 1, B, device=device)
+    nlls = torch.empty(n - max(prompt, 1), B, device=device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    for t in range(n - 1):
+    if prompt:  # token `prompt` is scored from the prompt's own logits
+        logits = read_prompt(model, caches, ids_t[:prompt].T.contiguous(),
+                             torch.zeros(B, 1, dtype=torch.long, device=device), n)
+        nlls[0] = -torch.log_softmax(logits.float(), dim=-1).gather(
+            -1, ids_t[prompt].view(B, 1)).view(-1)
+    for t in range(max(prompt, 0), n - 1):
         # the NLL of token t + 1 comes from step t's logits, before t + 1 enters the cache
-        nlls[t] = step(model, caches, ids_t[t].view(B, 1), ids_t.new_tensor([t]), ids_t[t + 1])
+        i = t - prompt + (1 if prompt else 0)
+        nlls[i] = step(model, caches, ids_t[t].view(B, 1), ids_t.new_tensor([t]), ids_t[t + 1])
         if progress is not None:
-            progress(t + 1, nlls[: t + 1])
+            progress(i + 1, nlls[: i + 1])
     return _results(nlls, time.perf_counter() - t0)
 
 

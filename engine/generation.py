@@ -100,6 +100,40 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     return fn
 
 
+def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_seq_length: int,
+                prefill_fn=prefill, compiled: bool = False) -> Tensor:
+    """tokens [B, T] at positions start [B, 1] + 0..T-1 through the caches, as each cache reads
+    a prompt (whole, in fixed chunks, or one shot); the logits [B, V] after the last token."""
+    dev = tokens.device
+    B, T = tokens.shape
+    chunk = prefill_chunk(caches)
+    if compresses_whole(caches, start, T):  # one-shot prompt compression
+        return prefill_whole(model, caches, tokens)
+    if chunk is None:
+        # the caller checked the room: the bucket never falls below T
+        T_in = prefill_bucket(T, max_seq_length - int(start.max())) if compiled else T
+        # Padding sits at positions after the prompt: masked from every real query, and
+        # overwritten by the steps that reach those positions.
+        padded = torch.zeros(B, T_in, dtype=torch.long, device=dev)
+        padded[:, :T] = tokens
+        span = start + torch.arange(padded.shape[1], device=dev)
+        return prefill_fn(model, caches, padded, span, torch.tensor([T - 1], device=dev))
+    # Compressing caches take fixed-size chunks (compressing after each), then the remainder
+    # one token at a time: two graph shapes for every prompt length.
+    n_chunks = T // chunk
+    last = torch.tensor([chunk - 1], device=dev)
+    logits = None
+    for c in range(n_chunks):
+        span = start + torch.arange(c * chunk, (c + 1) * chunk, device=dev)
+        logits = prefill_fn(model, caches, tokens[:, c * chunk:(c + 1) * chunk], span, last)
+    last = torch.tensor([0], device=dev)
+    for t in range(n_chunks * chunk, T):
+        # contiguous like the decode loop's own tokens, so the graph's stride guards hold
+        step = tokens[:, t:t + 1].clone(memory_format=torch.contiguous_format)
+        logits = prefill(model, caches, step, start + t, last)
+    return logits
+
+
 def prefill_chunk(caches) -> Optional[int]:
     """The prompt chunk the caches take (None: any length); a layered plan mixing full and
     compressing layers takes the compressing layers' chunk."""
@@ -248,36 +282,8 @@ class Session:
         dev = self.device
         start = torch.tensor([len(self.tokens[b]) for b in row_ids], device=dev).view(-1, 1)
         tokens = torch.tensor(rows, dtype=torch.long, device=dev)
-        B, T = tokens.shape
-        chunk = self.prefill_chunk
-        if compresses_whole(caches, start, T):  # one-shot prompt compression
-            return prefill_whole(self.model, caches, tokens)
-        if chunk is None:
-            # append checked the room: the bucket never falls below T
-            T_in = prefill_bucket(T, self.max_seq_length - int(start.max())) \
-                if self.compiled_prefill else T
-            # Padding sits at positions after the prompt: masked from every real query, and
-            # overwritten by the steps that reach those positions.
-            padded = torch.zeros(B, T_in, dtype=torch.long, device=dev)
-            padded[:, :T] = tokens
-            span = start + torch.arange(padded.shape[1], device=dev)
-            return self.prefill_fn(self.model, caches, padded, span,
-                                   torch.tensor([T - 1], device=dev))
-        # Compressing caches take fixed-size chunks (compressing after each), then the remainder
-        # one token at a time: two graph shapes for every prompt length.
-        n_chunks = T // chunk
-        last = torch.tensor([chunk - 1], device=dev)
-        logits = None
-        for c in range(n_chunks):
-            span = start + torch.arange(c * chunk, (c + 1) * chunk, device=dev)
-            logits = self.prefill_fn(self.model, caches, tokens[:, c * chunk:(c + 1) * chunk],
-                                     span, last)
-        last = torch.tensor([0], device=dev)
-        for t in range(n_chunks * chunk, T):
-            # contiguous like the decode loop's own tokens, so the graph's stride guards hold
-            step = tokens[:, t:t + 1].clone(memory_format=torch.contiguous_format)
-            logits = prefill(self.model, caches, step, start + t, last)
-        return logits
+        return read_prompt(self.model, caches, tokens, start, self.max_seq_length,
+                           self.prefill_fn, self.compiled_prefill)
 
     # ---- generating ------------------------------------------------------------------------
     @torch.inference_mode()

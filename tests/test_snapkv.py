@@ -131,3 +131,23 @@ def test_the_observation_window_is_a_setting_of_snapkv():
         make_cache_factory("full", prompt_compression="snapkv")
     with pytest.raises(UserError, match="at least 1"):
         make_cache_factory("h2o", prompt_compression="snapkv", observation_window=0)
+
+
+def test_perplexity_after_a_prompt_scores_only_what_follows_it():
+    from caches import build_caches
+    from engine.evaluation import streaming_perplexity
+    model = tiny_model()
+    whole = streaming_perplexity(model, build_caches(model, 1, 160), PROMPT)
+    after = streaming_perplexity(model, build_caches(model, 1, 160), PROMPT, prompt=60)
+    assert len(after.nlls) == len(PROMPT) - 60
+    assert after.nlls == pytest.approx(whole.nlls[59:], abs=1e-4)  # full: the same logits
+    short = {pc: streaming_perplexity(model, build_caches(model, 1, 160, make_cache_factory(
+        "h2o", cache_size=64, chunk=8, prompt_compression=pc)), PROMPT, prompt=40)
+        for pc in ("chunked", "snapkv")}
+    assert short["chunked"].nlls == short["snapkv"].nlls  # within the budget: nothing changes
+    long = {pc: streaming_perplexity(model, build_caches(model, 1, 160, make_cache_factory(
+        "h2o", cache_size=32, chunk=8, prompt_compression=pc)), PROMPT, prompt=120)
+        for pc in ("chunked", "snapkv")}
+    assert long["chunked"].nlls != long["snapkv"].nlls
+    with pytest.raises(UserError, match="leaves nothing to score"):
+        streaming_perplexity(model, build_caches(model, 1, 160), PROMPT, prompt=150)
