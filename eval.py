@@ -50,6 +50,25 @@ def add_model_arguments(p) -> None:
     p.add_argument("--json", action="store_true")
 
 
+def add_grid_arguments(p, lengths: list, seed_help: str, batch_default: str) -> None:
+    """What passkey and ruler grids share: the haystack, lengths, policies x budgets, batching,
+    the model, and a resumable JSONL with its plot."""
+    add_text_arguments(p, "for the haystack")
+    p.add_argument("--lengths", type=comma_list(positive_int, "token counts"), default=lengths,
+                   help=f"prompt lengths in tokens, e.g. {','.join(map(str, lengths[:2]))}")
+    p.add_argument("--seed", type=seed_int, default=0, help=seed_help)
+    p.add_argument("--cache", default="full",
+                   help="comma-separated policies (NAME or NAME+int8), e.g. full,weightedkv")
+    p.add_argument("--cache_size", type=comma_list(positive_int, "sizes"), default=[256],
+                   help="comma-separated budgets of the compressing policies")
+    p.add_argument("--batch_size", type=positive_int, default=None,
+                   help=f"at most this many prompts per batch (default: {batch_default})")
+    add_model_arguments(p)
+    p.add_argument("--out", default=None, help="append each cell to this JSONL (resumable)")
+    p.add_argument("--plot", default=None,
+                   help="heat map PNG (default: --out with .png, when --out is given)")
+
+
 def build_parser() -> Parser:
     p = Parser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -67,49 +86,22 @@ def build_parser() -> Parser:
     ppl.add_argument("--curve", default=None, help="write the running log-ppl per position (JSON)")
 
     pk = sub.add_parser("passkey", help="passkey retrieval over lengths, depths and policies")
-    add_text_arguments(pk, "for the haystack")
-    pk.add_argument("--lengths", type=comma_list(positive_int, "token counts"),
-                    default=[512, 1024, 2048], help="prompt lengths in tokens, e.g. 512,1024")
+    add_grid_arguments(pk, [512, 1024, 2048], "seeds the keys and haystack offsets",
+                       "trials x depths")
     pk.add_argument("--depths", type=comma_list(depth, "depths in [0, 1]"),
                     default=[0.1, 0.5, 0.9], help="key depths as fractions of the haystack")
     pk.add_argument("--trials", type=positive_int, default=5, help="random keys per depth")
-    pk.add_argument("--seed", type=seed_int, default=0,
-                    help="seeds the keys and haystack offsets")
-    pk.add_argument("--cache", default="full",
-                    help="comma-separated policies (NAME or NAME+int8), e.g. full,weightedkv")
-    pk.add_argument("--cache_size", type=comma_list(positive_int, "sizes"), default=[256],
-                    help="comma-separated budgets of the compressing policies")
     pk.add_argument("--new_tokens", type=positive_int, default=8)
-    pk.add_argument("--batch_size", type=positive_int, default=None,
-                    help="at most this many prompts per batch (default: trials x depths)")
-    add_model_arguments(pk)
-    pk.add_argument("--out", default=None, help="append each cell to this JSONL (resumable)")
-    pk.add_argument("--plot", default=None,
-                    help="heat map PNG (default: --out with .png, when --out is given)")
 
     from engine.ruler import TASKS
     rl = sub.add_parser("ruler", help="RULER-style synthetic tasks over lengths and policies")
-    add_text_arguments(rl, "for the haystack")
+    add_grid_arguments(rl, [1024, 2048, 4096], "seeds the needles, words and haystack offsets",
+                       "--trials")
     rl.add_argument("--tasks", default=",".join(TASKS),
                     help=f"comma-separated tasks (default: all): {', '.join(TASKS)}")
-    rl.add_argument("--lengths", type=comma_list(positive_int, "token counts"),
-                    default=[1024, 2048, 4096], help="prompt lengths in tokens, e.g. 1024,2048")
     rl.add_argument("--trials", type=positive_int, default=4, help="prompts per task and length")
-    rl.add_argument("--seed", type=seed_int, default=0,
-                    help="seeds the needles, words and haystack offsets")
-    rl.add_argument("--cache", default="full",
-                    help="comma-separated policies (NAME or NAME+int8), e.g. full,weightedkv")
-    rl.add_argument("--cache_size", type=comma_list(positive_int, "sizes"), default=[256],
-                    help="comma-separated budgets of the compressing policies")
     rl.add_argument("--new_tokens", type=positive_int, default=None,
                     help="greedy tokens per answer (default: each task's own)")
-    rl.add_argument("--batch_size", type=positive_int, default=None,
-                    help="at most this many prompts per batch (default: --trials)")
-    add_model_arguments(rl)
-    rl.add_argument("--out", default=None, help="append each cell to this JSONL (resumable)")
-    rl.add_argument("--plot", default=None,
-                    help="heat map PNG (default: --out with .png, when --out is given)")
-    rl.error = p.error
 
     al = sub.add_parser("attention-loss", help="the attention mass each policy's choices take "
                                                "away, measured on the full model")
@@ -134,7 +126,7 @@ def build_parser() -> Parser:
     sw.add_argument("--out", default=None, help="output directory (overrides out_dir)")
     sw.add_argument("--render-only", dest="render_only", action="store_true",
                     help="re-render the report and plots from the JSONL, run nothing")
-    for s in (ppl, pk, al, sw):
+    for s in (ppl, pk, rl, al, sw):
         s.error = p.error  # one-line errors for the subcommands too
     return p
 
@@ -315,16 +307,10 @@ def attention_loss_main(args) -> None:
 def passkey_main(args) -> None:
     from engine import plots
     from engine.sweep import (PasskeyConfig, ResultStore, Setup, check_passkey_prompts,
-                              expand_full, parse_policy, passkey_accuracy, passkey_table,
+                              cli_policies, expand_full, passkey_accuracy, passkey_table,
                               run_passkey_grid)
 
-    specs = [parse_policy(name.strip(), "--cache") for name in args.cache.split(",")
-             if name.strip()]
-    if not specs:
-        raise UserError("--cache needs at least one policy")
-    for spec in specs:
-        for size in args.cache_size:
-            spec.factory(size, args.seed)
+    specs = cli_policies(args.cache, args.cache_size, args.seed)
     pk = PasskeyConfig(lengths=args.lengths, depths=args.depths, trials=args.trials,
                        seed=args.seed, corpus=args.corpus, text_file=args.text_file,
                        policies=specs, cache_sizes=args.cache_size, new_tokens=args.new_tokens,

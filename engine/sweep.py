@@ -184,32 +184,31 @@ def cli_policies(text: str, sizes: list, seed: int) -> list:
 # ---------------------------------------------------------------------------------------------
 # Config
 
-@dataclass
-class PasskeyConfig:
+@dataclass(kw_only=True)
+class GridConfig:
+    """What a passkey and a ruler grid share: lengths x policies x budgets over a haystack."""
     lengths: list
+    trials: int
+    seed: int = 0
+    corpus: Optional[str] = None
+    text_file: Optional[str] = None
+    policies: list = field(default_factory=list)
+    cache_sizes: list = field(default_factory=list)
+    batch_size: int = 0
+
+
+@dataclass(kw_only=True)
+class PasskeyConfig(GridConfig):
     depths: list
     trials: int = 5
-    seed: int = 0
-    corpus: Optional[str] = None
-    text_file: Optional[str] = None
-    policies: list = field(default_factory=list)
-    cache_sizes: list = field(default_factory=list)
     new_tokens: int = 8
-    batch_size: int = 0
 
 
-@dataclass
-class RulerConfig:
-    lengths: list
+@dataclass(kw_only=True)
+class RulerConfig(GridConfig):
     tasks: list = field(default_factory=list)  # default: every task of engine/ruler.py
     trials: int = 2
-    seed: int = 0
-    corpus: Optional[str] = None
-    text_file: Optional[str] = None
-    policies: list = field(default_factory=list)
-    cache_sizes: list = field(default_factory=list)
     new_tokens: Optional[int] = None  # None: each task's own (engine.ruler.TASKS)
-    batch_size: int = 0
 
     def __post_init__(self):
         from engine.ruler import TASKS
