@@ -198,3 +198,16 @@ def test_generate_and_eval_take_patterns_and_report_the_budgets(tiny_ckpt):
     out = run_cli("generate.py", "--checkpoint_path", tiny_ckpt, "--cache", "weightedkv,bogus",
                   "--layer_pattern", "repeat", "--prompt", "hi")
     assert out.returncode == 2 and "unknown cache policy 'bogus'" in out.stderr
+
+
+def test_eval_scores_what_follows_a_one_shot_prompt(tiny_ckpt):
+    out = run_cli("eval.py", "ppl", "--checkpoint_path", tiny_ckpt, "--cache", "h2o",
+                  "--cache_size", 24, "--prompt_compression", "snapkv", "--max_tokens", 90,
+                  "--prompt_tokens", 60, "--corpus", "kjv", "--json")
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout)
+    assert row["tokens"] == 30 and row["prompt_tokens"] == 60
+    assert row["prompt_compression"] == "snapkv"
+    out = run_cli("eval.py", "ppl", "--checkpoint_path", tiny_ckpt, "--max_tokens", 90,
+                  "--prompt_tokens", 90, "--corpus", "kjv")
+    assert out.returncode == 2 and "--prompt_tokens 90 must be between 0 and 89" in out.stderr
