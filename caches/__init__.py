@@ -89,7 +89,7 @@ BUDGET_LEVELS = 4
 
 def _sloped(n_layers: int, size: int, first: float, last: float) -> list:
     levels = min(BUDGET_LEVELS, n_layers)
-    group = [g * levels // n_layers for g in range(n_layers)]
+    group = [layer * levels // n_layers for layer in range(n_layers)]  # each layer's step
     scale = [first + (last - first) * g / max(levels - 1, 1) for g in range(levels)]
     # Groups differ in size by one layer: rescale so that the total is (nearly) exact before
     # rounding, leaving layer 0 a remainder of a few tokens.
