@@ -74,7 +74,7 @@ def test_list_caches():
     (["--top_k", "0"], "--top_k"),
     (["--num_samples", "-1"], "--num_samples"),
     (["--temperature", "-1"], "--temperature"),
-    (["--cache", "lru"], "invalid choice"),
+    (["--cache", "lru"], "unknown cache policy 'lru'"),
     (["--cache", "h2o", "--lag", "3"], "no option --lag"),
     (["--cache", "h2o", "--cache_size", "6"], "--window"),
     (["--cache", "weightedkv", "--cache_size", "16", "--window", "12"], "no middle"),
