@@ -36,29 +36,30 @@ class LossProbe(KVCache):
         self.steps: list = []  # per step: loss [n_shadows, B]
 
     def update(self, input_pos, q, k, v):
-        self._views = [s.update(input_pos, q, k, v) for s in self.shadows]
+        for s in self.shadows:  # each stores and rotates as it would alone
+            s.update(input_pos, q, k, v)
         return self.full.update(input_pos, q, k, v)
 
     def commit(self, input_pos: Tensor, probs: Tensor) -> None:
         # probs [B, Hkv, G, T, S] over the full cache's slots (slot = position)
         losses = []
-        for shadow, view in zip(self.shadows, self._views):
+        for shadow in self.shadows:
             pos = shadow.pos.long()  # [B, Hkv|1, C]
             held = (pos >= 0) & (pos <= input_pos.view(-1, 1, 1))
-            idx = pos.clamp(min=0).view(pos.shape[0], pos.shape[1], 1, 1, -1)
-            idx = idx.expand(*probs.shape[:-1], -1)
-            mine = torch.where(held.unsqueeze(2).unsqueeze(2), probs.gather(-1, idx), 0.0)
-            mass = mine.sum(-1)  # [B, Hkv, G, T]
             # the lost mass summed directly (not 1 - mass: exactly 0 when nothing is lost)
             kept = torch.zeros(*pos.shape[:2], probs.shape[-1], dtype=torch.int32,
                                device=pos.device).scatter_reduce(
                 -1, pos.clamp(min=0), held.int(), reduce="amax").bool()  # empty slots: no vote
             lost = (probs * ~kept.unsqueeze(2).unsqueeze(2)).sum(-1)
             losses.append(lost.mean(dim=(1, 2, 3)))
-            if shadow.wants_probs:
-                shadow.commit(input_pos, mine / mass.clamp(min=1e-30).unsqueeze(-1))
-            else:
+            if not shadow.wants_probs:
                 shadow.commit(input_pos, None)
+                continue
+            # its own attention: the full attention on the slots it holds, renormalized
+            idx = pos.clamp(min=0).view(pos.shape[0], pos.shape[1], 1, 1, -1)
+            idx = idx.expand(*probs.shape[:-1], -1)
+            mine = torch.where(held.unsqueeze(2).unsqueeze(2), probs.gather(-1, idx), 0.0)
+            shadow.commit(input_pos, mine / mine.sum(-1, keepdim=True).clamp(min=1e-30))
         self.steps.append(torch.stack(losses))
 
     def reset(self) -> None:
