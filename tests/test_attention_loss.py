@@ -5,8 +5,10 @@ import pytest
 import torch
 
 from caches import FullCache, build_caches, make_cache_factory
-from conftest import run_cli, tiny_model, write_tiny_checkpoint
+from conftest import DATA, run_cli, tiny_model, write_tiny_checkpoint
 from engine.attention_loss import attention_loss
+
+KJV = DATA / "kjv_genesis_1_2.txt"  # checked in: CI has no prepared corpora
 
 IDS = [(11 * i) % 250 + 1 for i in range(90)]
 
@@ -81,8 +83,8 @@ def tiny_ckpt(default_checkpoint, tmp_path_factory):
 
 
 def test_eval_attention_loss_reports_rows_and_a_plot(tiny_ckpt, tmp_path):
-    out = run_cli("eval.py", "attention-loss", "--checkpoint_path", tiny_ckpt, "--corpus",
-                  "kjv", "--max_tokens", 60, "--cache", "streaming,h2o+int8", "--cache_size", 24,
+    out = run_cli("eval.py", "attention-loss", "--checkpoint_path", tiny_ckpt, "--text_file",
+                  KJV, "--max_tokens", 60, "--cache", "streaming,h2o+int8", "--cache_size", 24,
                   "--json", "--plot", tmp_path / "loss.png", "--out", tmp_path / "rows.jsonl")
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out.stdout.splitlines()]
@@ -90,6 +92,6 @@ def test_eval_attention_loss_reports_rows_and_a_plot(tiny_ckpt, tmp_path):
     assert all(len(r["per_layer"]) == 2 and 0 < r["loss"] < 1 for r in rows)
     assert (tmp_path / "loss.png").stat().st_size > 0
     assert len((tmp_path / "rows.jsonl").read_text().splitlines()) == 2
-    out = run_cli("eval.py", "attention-loss", "--checkpoint_path", tiny_ckpt, "--corpus",
-                  "kjv", "--compile")
+    out = run_cli("eval.py", "attention-loss", "--checkpoint_path", tiny_ckpt, "--text_file",
+                  KJV, "--compile")
     assert out.returncode == 2 and "drop --compile" in out.stderr

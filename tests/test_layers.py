@@ -8,9 +8,11 @@ from torch._dynamo.testing import CompileCounter
 
 from caches import (BUDGET_LEVELS, BUDGET_PATTERNS, LAYER_PATTERNS, POLICIES, LayeredFactory,
                     build_caches, cache_nbytes, make_cache_factory, region_sizes)
-from conftest import run_cli, tiny_model, write_tiny_checkpoint
+from conftest import DATA, run_cli, tiny_model, write_tiny_checkpoint
 from core.errors import UserError
 from engine.generation import Generator, Session, compile_decode, decode_one_token
+
+KJV = DATA / "kjv_genesis_1_2.txt"  # checked in: CI has no prepared corpora
 
 
 @pytest.mark.parametrize("pattern", list(BUDGET_PATTERNS))
@@ -188,7 +190,7 @@ def test_generate_and_eval_take_patterns_and_report_the_budgets(tiny_ckpt):
     assert row["budget_pattern"] == "pyramid" and row["layer_pattern"] == "repeat"
     out = run_cli("eval.py", "ppl", "--checkpoint_path", tiny_ckpt, "--cache", "h2o",
                   "--budget_pattern", "funnel", "--cache_size", 32, "--max_tokens", 80,
-                  "--corpus", "kjv")
+                  "--text_file", KJV)
     assert out.returncode == 0, out.stderr
     assert "note: layers 0 h2o" in out.stderr and "ppl" in out.stdout
     out = run_cli("generate.py", "--checkpoint_path", tiny_ckpt, "--cache", "weightedkv,full",
@@ -203,11 +205,11 @@ def test_generate_and_eval_take_patterns_and_report_the_budgets(tiny_ckpt):
 def test_eval_scores_what_follows_a_one_shot_prompt(tiny_ckpt):
     out = run_cli("eval.py", "ppl", "--checkpoint_path", tiny_ckpt, "--cache", "h2o",
                   "--cache_size", 24, "--prompt_compression", "snapkv", "--max_tokens", 90,
-                  "--prompt_tokens", 60, "--corpus", "kjv", "--json")
+                  "--prompt_tokens", 60, "--text_file", KJV, "--json")
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout)
     assert row["tokens"] == 30 and row["prompt_tokens"] == 60
     assert row["prompt_compression"] == "snapkv"
     out = run_cli("eval.py", "ppl", "--checkpoint_path", tiny_ckpt, "--max_tokens", 90,
-                  "--prompt_tokens", 90, "--corpus", "kjv")
+                  "--prompt_tokens", 90, "--text_file", KJV)
     assert out.returncode == 2 and "--prompt_tokens 90 must be between 0 and 89" in out.stderr
