@@ -16,7 +16,7 @@ from caches import POLICIES, build_caches, make_cache_factory  # noqa: E402
 from engine.checkpoint import load_model  # noqa: E402
 from engine.evaluation import streaming_perplexity  # noqa: E402
 from engine.generation import Generator  # noqa: E402
-from engine.tp import start  # noqa: E402
+from engine.tp import finish, start  # noqa: E402
 
 MATRIX = [(p, "model") for p in POLICIES] + [("weightedkv", "int8"), ("h2o", "int8")]
 
@@ -27,6 +27,13 @@ def main():
     only = sys.argv[sys.argv.index("--compile") + 1].split(",") if compile_ else None
     graphs = torch._dynamo.utils.counters["stats"]
     tp = start(torch.device("cpu"))
+    try:
+        run(ckpt, out, tp, compile_, only, graphs)
+    finally:  # a group left to the interpreter's exit can abort in gloo's thread teardown
+        finish(tp)
+
+
+def run(ckpt, out, tp, compile_, only, graphs):
     model = load_model(ckpt, tp=tp)
     g = torch.Generator().manual_seed(0)
     V = model.args.vocab_size
