@@ -19,13 +19,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from caches import make_cache_factory  # noqa: E402
 from engine import generation as G  # noqa: E402
+from core.errors import UserError  # noqa: E402
 from engine.checkpoint import load_model  # noqa: E402
+from engine.cli import DTYPES  # noqa: E402
 from engine.default_model import resolve_checkpoint  # noqa: E402
 
 
 def main(mode: str, policy: str, dtype: str) -> None:
     torch.set_num_threads(2)
-    model = load_model(resolve_checkpoint(None), dtype=getattr(torch, dtype))
+    model = load_model(resolve_checkpoint(None), dtype=DTYPES[dtype])
     factory = make_cache_factory(policy, cache_size=256) if policy != "full" else None
     session = G.Session(model, factory, max_seq_length=2048, compile=(mode == "regional"))
     if mode == "nested":
@@ -44,6 +46,10 @@ def main(mode: str, policy: str, dtype: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4 or sys.argv[1] not in ("regional", "nested"):
-        sys.exit("usage: python scripts/decode_graph_probe.py {regional,nested} POLICY DTYPE")
-    main(*sys.argv[1:])
+    if len(sys.argv) != 4 or sys.argv[1] not in ("regional", "nested") or sys.argv[3] not in DTYPES:
+        sys.exit("usage: python scripts/decode_graph_probe.py {regional,nested} POLICY "
+                 f"{{{','.join(DTYPES)}}}")
+    try:
+        main(*sys.argv[1:])
+    except UserError as e:  # an unknown policy, a missing default model: one line
+        sys.exit(f"error: {e}")
