@@ -227,13 +227,17 @@ def weight_bytes_per_token(model) -> int:
     """Weight bytes one decode step reads: every parameter and buffer of the model outside its
     caches (so quantized layers count their packed codes and scales, whatever the layout), except
     the embedding table, of which one row is read. A tied output head is its own module holding
-    the same table, so the full table is still counted once."""
+    the same table, so the full table is still counted once. A linear that holds its weight in
+    two layouts (quantize/dense.py) reads one of them a step."""
     from caches.base import KVCache
     total = 0
     for module in model.modules():
         if isinstance(module, KVCache):
             continue
-        for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+        for name, t in [*module.named_parameters(recurse=False),
+                        *module.named_buffers(recurse=False)]:
+            if name == "plain":
+                continue
             nbytes = t.numel() * t.element_size()
             total += nbytes // t.shape[0] if isinstance(module, torch.nn.Embedding) else nbytes
     return total

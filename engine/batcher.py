@@ -190,7 +190,7 @@ class Batcher:
         self.step = decode_logits
         model.block_step = None
         if compile_backend is not None:
-            self.step = compile_decode(decode_logits, model, compile_backend, self.caches)
+            self.step = compile_decode(decode_logits, model, compile_backend, self.caches, slots)
         self.rows = [_Row(b, [row_view(c, b) for c in self.caches]) for b in range(slots)]
         n_parked = slots if parked is None else parked
         self.pool_caches = build_caches(model, n_parked, self.max_seq_length, self.make_cache) \

@@ -33,10 +33,11 @@ def score_step(model: Transformer, caches, token: Tensor, input_pos: Tensor, tar
     return -torch.log_softmax(logits, dim=-1).gather(-1, target.view(-1, 1)).view(-1)
 
 
-def compile_step(fn, model: Transformer, caches):
-    """Compile a decode-style step for the model's device (engine.generation.compile_decode)."""
+def compile_step(fn, model: Transformer, caches, rows: int = 1):
+    """Compile a decode-style step of `rows` streams for the model's device
+    (engine.generation.compile_decode)."""
     from engine.generation import compile_decode
-    return compile_decode(fn, model, caches=caches)
+    return compile_decode(fn, model, caches=caches, rows=rows)
 
 
 @torch.inference_mode()

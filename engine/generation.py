@@ -27,6 +27,7 @@ from caches.snapkv import compresses_whole, prefill_whole
 from caches.region import RegionCache
 from core.errors import UserError
 from model import Transformer
+from quantize.dense import STREAM_ROWS, stream_compiled_decode
 
 MIN_PREFILL_BUCKET = 16
 SESSION_FORMAT = "regionkv-session"
@@ -67,7 +68,8 @@ _COMPRESS = {}  # backend -> RegionCache's compression steps compiled with it (s
 #                session): (token by token, one pass per chunk)
 
 
-def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=()) -> Callable:
+def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=(),
+                   rows: int = 1) -> Callable:
     """Compile a single-token step function `fn(model, caches, token, input_pos, ...)` for the
     model's device.
 
@@ -77,7 +79,8 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     share its graph (parameters and cache buffers are graph inputs), so compiling costs one
     block (seconds) instead of the whole unrolled model (minutes), and the step is as fast. The
     embedding lookup, head and sampling stay eager: one large matmul each, nothing to fuse.
-    Prompt chunks of compressing `caches` compress token by token through one compiled step
+    With at most STREAM_ROWS `rows` a step, the blocks' float linears read a plain copy of their
+    weights as a reduction that Inductor fuses and streams (quantize/dense.py). Prompt chunks of compressing `caches` compress token by token through one compiled step
     (or in one compiled pass, with bulk prompt compression).
     """
     # One graph per cache policy and batch shape (the block step is one function for all): a
@@ -90,6 +93,8 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
             for buf in cache.buffers():
                 torch._dynamo.mark_static_address(buf)
         return torch.compile(fn, mode="reduce-overhead", fullgraph=True, backend=backend)
+    if rows <= STREAM_ROWS:
+        stream_compiled_decode(model)
     model.block_step = torch.compile(run_block, fullgraph=True, dynamic=False, backend=backend)
     if backend not in _COMPRESS:  # keyed by the backend itself: a test's counter stays alive
         _COMPRESS[backend] = [torch.compile(f, fullgraph=True, dynamic=False, backend=backend)
@@ -213,7 +218,8 @@ class Session:
         self.prefill_fn = prefill
         model.block_step = None
         if compile:
-            self.decode_fn = compile_decode(decode_one_token, model, caches=self.caches)
+            self.decode_fn = compile_decode(decode_one_token, model, caches=self.caches,
+                                            rows=batch_size)
         if compile_prefill:
             self.prefill_fn = torch.compile(prefill, fullgraph=True, dynamic=False)
         self.reset()

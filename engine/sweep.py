@@ -592,7 +592,7 @@ def run_sweep(cfg: SweepConfig) -> dict:
         step, compile_s = score_step, 0.0
         if cfg.compile and not spec.is_full:  # full is scored by causal chunks, uncompiled
             _reset_compiler()
-            step = compile_step(score_step, model, caches)
+            step = compile_step(score_step, model, caches, len(todo))
             compile_s = warmup(model, caches, step, len(todo))
         bar = tqdm(total=cfg.max_tokens - 1, unit="tok", unit_scale=len(todo),
                    desc=f"{name} [{','.join(todo)}]", leave=False,

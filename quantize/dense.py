@@ -12,6 +12,17 @@ blocked layout streams the weight near the memory bandwidth: 19 ms for one row, 
 The packed weight is an opaque `torch._mkldnn` tensor. Inductor takes such a weight only as a
 frozen constant, and the blocks share one compiled graph with their weights as inputs, so the
 call goes through a custom op that compiled code calls as it is.
+
+    stream_compiled_decode(model)   # before compiling a decode step of at most 2 rows
+
+Inside a compiled decode step, 150 small oneDNN calls a token each pay a fixed setup, and
+oneDNN's bfloat16 inner product streams at only ~11 GB/s on these CPUs. Written as a reduction
+(y = (W * x).sum(-1) over a plain weight), Inductor generates one vectorized loop per linear,
+fused into the block's graph and split over the threads, that reads the weight once at 21-25
+GB/s in float32 and bfloat16 alike (docs/PERFORMANCE.md, section 6). It needs the plain weight
+next to the packed one (eager prompt chunks and steps of more rows stay on oneDNN, faster there),
+so `stream_compiled_decode` keeps a plain copy of each block linear's weight: memory for speed,
+only when a compiled few-row decode asks for it.
 """
 from __future__ import annotations
 
@@ -23,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 DTYPES = (torch.float32, torch.bfloat16)
+STREAM_ROWS = 2  # the reduction reads the weight once per row: from 4 rows on, oneDNN wins
 
 
 @torch.library.custom_op("regionkv::packed_linear", mutates_args=())
@@ -46,10 +58,11 @@ class PackedLinear(nn.Module):
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(w, None),
                              persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
+        self.register_buffer("plain", None, persistent=False)  # stream_compiled_decode
 
     @property
     def weight(self) -> Tensor:
-        return self.packed.to_dense()
+        return self.packed.to_dense() if self.plain is None else self.plain
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, " \
@@ -61,7 +74,12 @@ class PackedLinear(nn.Module):
             destination[prefix + "bias"] = self.bias
 
     def forward(self, x: Tensor) -> Tensor:
-        y = packed_linear(x, self.packed, self.out_features)
+        if self.plain is not None and torch.compiler.is_compiling() and \
+                x.numel() <= STREAM_ROWS * self.in_features:
+            # float32 products summed in float32, rounded once, as oneDNN does for bfloat16
+            y = (self.plain.float() * x.float().unsqueeze(-2)).sum(-1).to(x.dtype)
+        else:
+            y = packed_linear(x, self.packed, self.out_features)
         return y if self.bias is None else y + self.bias
 
 
@@ -85,6 +103,18 @@ def pack_dense_linears(model: nn.Module) -> nn.Module:
                 continue
             setattr(module, child_name, packed)
     return model
+
+
+def stream_compiled_decode(model: nn.Module) -> int:
+    """Keep a plain copy of the weight of every PackedLinear in the model's blocks (the head
+    runs eagerly), which a compiled step of at most STREAM_ROWS rows reads as a reduction.
+    Returns the bytes added."""
+    added = 0
+    for module in model.layers.modules():
+        if isinstance(module, PackedLinear) and module.plain is None:
+            module.plain = module.packed.to_dense()
+            added += module.plain.numel() * module.plain.element_size()
+    return added
 
 
 def _probe(linear: nn.Linear, packed: PackedLinear) -> None:

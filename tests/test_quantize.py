@@ -389,6 +389,40 @@ def test_packed_float_linears_match_f_linear_eager_and_compiled(dtype):
         assert counter.frame_count == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype):
+    from engine.generation import compile_decode, decode_one_token
+    from quantize.dense import STREAM_ROWS, PackedLinear, pack_dense_linears
+    m = pack_dense_linears(tiny_model(attention_bias=True).to(dtype))
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    # A compiled decode of more rows than the reduction serves keeps oneDNN alone: no copies.
+    compile_decode(decode_one_token, m, backend="eager", rows=STREAM_ROWS + 1)
+    linears = [mod for mod in m.modules() if isinstance(mod, PackedLinear)]
+    assert all(lin.plain is None for lin in linears)
+    compile_decode(decode_one_token, m, backend="eager", rows=STREAM_ROWS)
+    in_blocks = {id(mod) for mod in m.layers.modules()}
+    for lin in linears:  # the blocks' linears gain a plain copy; the eager head does not
+        assert (lin.plain is not None) == (id(lin) in in_blocks)
+    assert m.output.plain is None
+    for k, v in m.state_dict().items():  # the checkpoint format is unchanged
+        assert torch.equal(v, state[k]), k
+    graphs = []
+    def backend(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes})
+        return gm.forward
+    step = torch.compile(lambda lin, h: lin(h), fullgraph=True, dynamic=False, backend=backend)
+    lin = m.layers[0].attention.wqkv  # with a bias
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    with torch.inference_mode():
+        for rows in (1, STREAM_ROWS, STREAM_ROWS + 2):
+            x = torch.randn(rows, 1, lin.in_features, dtype=dtype)
+            want = F.linear(x.float(), lin.weight.float(), lin.bias.float()).to(dtype)
+            torch.testing.assert_close(step(lin, x), want, **tol)
+            onednn = any("packed_linear" in target for target in graphs[-1])
+            assert onednn == (rows > STREAM_ROWS), rows
+            torch.testing.assert_close(lin(x), want, **tol)  # eager: oneDNN, same values
+
+
 def test_loaded_float_model_is_packed_and_scores_as_unpacked(default_checkpoint):
     from engine.generation import model_fingerprint
     from quantize.dense import PackedLinear
