@@ -23,6 +23,7 @@ from core.errors import UserError  # noqa: E402
 from engine.checkpoint import load_model  # noqa: E402
 from engine.cli import DTYPES  # noqa: E402
 from engine.default_model import resolve_checkpoint  # noqa: E402
+from quantize.dense import stream_compiled_decode  # noqa: E402
 
 
 def main(mode: str, policy: str, dtype: str) -> None:
@@ -31,6 +32,7 @@ def main(mode: str, policy: str, dtype: str) -> None:
     factory = make_cache_factory(policy, cache_size=256) if policy != "full" else None
     session = G.Session(model, factory, max_seq_length=2048, compile=(mode == "regional"))
     if mode == "nested":
+        stream_compiled_decode(model)  # as compile_decode does for one row
         model.block_step = torch.compiler.nested_compile_region(G.run_block)
         session.decode_fn = torch.compile(G.decode_one_token, fullgraph=True, dynamic=False)
     session.append(list(range(100, 1100)))
