@@ -80,8 +80,9 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     block (seconds) instead of the whole unrolled model (minutes), and the step is as fast. The
     embedding lookup, head and sampling stay eager: one large matmul each, nothing to fuse.
     With at most STREAM_ROWS `rows` a step, the blocks' float linears read a plain copy of their
-    weights as a reduction that Inductor fuses and streams (quantize/dense.py). Prompt chunks of compressing `caches` compress token by token through one compiled step
-    (or in one compiled pass, with bulk prompt compression).
+    weights as a reduction that Inductor fuses and streams (quantize/dense.py). Prompt chunks
+    of compressing `caches` compress token by token through one compiled step (or in one
+    compiled pass, with bulk prompt compression).
     """
     # One graph per cache policy and batch shape (the block step is one function for all): a
     # process that compiles many of them (bench.py, sweeps) needs more than dynamo's default 8.
