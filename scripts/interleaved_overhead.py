@@ -1,0 +1,62 @@
+"""Probe: each policy's decode step against `streaming`'s, measured interleaved.
+
+    python scripts/interleaved_overhead.py CONTEXT [POLICY,POLICY,...]   # e.g. 4096
+
+`bench.py` measures one row after another, minutes apart, and this VM's bandwidth drifts
+between them by more than a policy's bookkeeping costs (docs/PERFORMANCE.md, section 6b). Here
+every policy's session reads the same CONTEXT-token prompt (bulk prompt compression, budget 256,
+compiled, 2 threads), then the sessions take turns: 5 rounds of 24 decode steps each, so that
+each round sees the machine in the same state. Prints the median ms a step per policy and its
+overhead over `streaming`. Not part of the engine: PERFORMANCE.md records what it measured.
+"""
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from caches import POLICIES, make_cache_factory  # noqa: E402
+from core.errors import UserError  # noqa: E402
+from engine import generation as G  # noqa: E402
+from engine.checkpoint import load_model  # noqa: E402
+from engine.default_model import resolve_checkpoint  # noqa: E402
+
+DEFAULT = "h2o,tova,a2sf,weightedkv,weightedkv-evict,cam,lagkv,knorm,keydiff"
+
+
+def main(context: int, policies: list) -> None:
+    torch.set_num_threads(2)
+    model = load_model(resolve_checkpoint(None))
+    prompt = list(range(100, 100 + context))  # token ids; their text does not matter for speed
+    sessions = {}
+    for policy in ["streaming", *policies]:
+        factory = make_cache_factory(policy, cache_size=256, prompt_compression="bulk")
+        s = G.Session(model, factory, max_seq_length=context + 5 * 24 + 64, compile=True)
+        s.append(prompt)
+        s.generate(8)  # compiles
+        sessions[policy] = s
+    steps = {p: [] for p in sessions}
+    for _ in range(5):
+        for policy, s in sessions.items():
+            g = s.generate(24)
+            steps[policy].append(1000 * g.decode_s / (g.new_tokens - 1))
+    base = statistics.median(steps["streaming"])
+    print(f"context {context}, budget 256, float32, ms a decode step (median of 5 rounds)")
+    for policy, ms in steps.items():
+        m = statistics.median(ms)
+        over = "(base)" if policy == "streaming" else f"{m - base:+.1f} ({100 * (m / base - 1):+.0f}%)"
+        print(f"{policy:18s} {m:6.1f}  {over}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (2, 3) or not sys.argv[1].isdigit():
+        sys.exit("usage: python scripts/interleaved_overhead.py CONTEXT [POLICY,POLICY,...]")
+    names = (sys.argv[2] if len(sys.argv) == 3 else DEFAULT).split(",")
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        sys.exit(f"error: unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
+    try:
+        main(int(sys.argv[1]), names)
+    except UserError as e:
+        sys.exit(f"error: {e}")
