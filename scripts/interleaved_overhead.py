@@ -45,8 +45,8 @@ def main(context: int, policies: list) -> None:
     print(f"context {context}, budget 256, float32, ms a decode step (median of 5 rounds)")
     for policy, ms in steps.items():
         m = statistics.median(ms)
-        over = "(base)" if policy == "streaming" else f"{m - base:+.1f} ({100 * (m / base - 1):+.0f}%)"
-        print(f"{policy:18s} {m:6.1f}  {over}")
+        over = f"{m - base:+.1f} ({100 * (m / base - 1):+.0f}%)"
+        print(f"{policy:18s} {m:6.1f}  {'(base)' if policy == 'streaming' else over}")
 
 
 if __name__ == "__main__":
