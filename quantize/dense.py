@@ -19,7 +19,7 @@ Inside a compiled decode step, 150 small oneDNN calls a token each pay a fixed s
 oneDNN's bfloat16 inner product streams at only ~11 GB/s on these CPUs. Written as a reduction
 (y = (W * x).sum(-1) over a plain weight), Inductor generates one vectorized loop per linear,
 fused into the block's graph and split over the threads, that reads the weight once at 21-25
-GB/s in float32 and bfloat16 alike (docs/PERFORMANCE.md, section 6). It needs the plain weight
+GB/s in float32 and bfloat16 alike (docs/PERFORMANCE.md, section 6b). It needs the plain weight
 next to the packed one (eager prompt chunks and steps of more rows stay on oneDNN, faster there),
 so `stream_compiled_decode` keeps a plain copy of each block linear's weight: memory for speed,
 only when a compiled few-row decode asks for it.
