@@ -392,7 +392,8 @@ def test_packed_float_linears_match_f_linear_eager_and_compiled(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype):
     from engine.generation import compile_decode, decode_one_token
-    from quantize.dense import STREAM_ROWS, PackedLinear, pack_dense_linears
+    from quantize.dense import (STREAM_ROWS, PackedLinear, pack_dense_linears,
+                                stream_compiled_decode)
     m = pack_dense_linears(tiny_model(attention_bias=True).to(dtype))
     state = {k: v.clone() for k, v in m.state_dict().items()}
     # A compiled decode of more rows than the reduction serves keeps oneDNN alone: no copies.
@@ -404,6 +405,7 @@ def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype):
     for lin in linears:  # the blocks' linears gain a plain copy; the eager head does not
         assert (lin.plain is not None) == (id(lin) in in_blocks)
     assert m.output.plain is None
+    assert stream_compiled_decode(m) == 0  # a second compiled session copies nothing again
     for k, v in m.state_dict().items():  # the checkpoint format is unchanged
         assert torch.equal(v, state[k]), k
     graphs = []
