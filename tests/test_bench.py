@@ -6,7 +6,7 @@ import sys
 import pytest
 from safetensors import safe_open
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from engine.checkpoint import read_config
 
 CONTEXT, NEW, CACHE_SIZE = 32, 4, 16
@@ -179,3 +179,49 @@ def test_policy_overhead_is_measured_against_the_same_budget():
     assert over[("streaming", 1024)] == (1.0, "full@64")  # full holding the same 64 tokens
     assert over[("weightedkv", 4096)] == (3.0, "full@64")
     assert over[("full", 1024)] == (None, None)
+
+
+# ---- scripts/random_checkpoint.py: models of published shapes, for speed measurements ---------
+
+def test_random_checkpoint_has_the_shapes_and_loads(default_checkpoint, tmp_path):
+    import torch
+
+    from conftest import write_tiny_checkpoint
+    from engine.checkpoint import load_model
+    shape = write_tiny_checkpoint(tmp_path / "shape", default_checkpoint, vocab_size=49152,
+                                  n_layer=2, dim=32, n_head=2, n_kv_heads=1, head_dim=16,
+                                  intermediate_size=64, tie_embeddings=True)
+    outs = []
+    for name in ("a", "b"):
+        r = run_cli("scripts/random_checkpoint.py", shape, tmp_path / name, "--dtype", "float32")
+        assert r.returncode == 0, r.stderr
+        outs.append(tmp_path / name)
+    cfg = read_config(outs[0])
+    assert cfg["model"] == read_config(shape)["model"]
+    assert cfg["source"] == f"random:{shape}:seed0"
+    assert (outs[0] / "tokenizer.json").read_bytes() == (default_checkpoint / "tokenizer.json").read_bytes()
+    a, b, src = (load_model(p, pack=False).state_dict() for p in (*outs, shape))
+    assert a.keys() == src.keys()
+    for k in a:
+        assert a[k].shape == src[k].shape and torch.equal(a[k], b[k])  # seeded
+        if k.endswith("norm.weight"):
+            assert torch.equal(a[k], torch.ones_like(a[k]))
+        else:
+            assert not torch.equal(a[k], src[k]) and abs(a[k].std().item() - 0.02) < 0.005
+    # an existing directory is never touched; an unknown shape names the choices
+    r = run_cli("scripts/random_checkpoint.py", shape, outs[1])
+    assert r.returncode == 2 and "exists; pass a new directory" in r.stderr
+    r = run_cli("scripts/random_checkpoint.py", "llama-9", tmp_path / "c")
+    assert r.returncode == 2 and "unknown shape 'llama-9'; choose from llama-3-8b" in r.stderr
+    assert not (tmp_path / "c").exists() and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_llama3_8b_shapes_have_its_published_parameter_count():
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from model import ModelArgs, Transformer
+    from random_checkpoint import SHAPES
+    with torch.device("meta"):
+        model = Transformer(ModelArgs.from_dict(SHAPES["llama-3-8b"]))
+    assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
