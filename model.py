@@ -154,6 +154,20 @@ def apply_rope(x: Tensor, cos_sin: Tensor) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
 
 
+# A compiled CPU step of at most this many query rows per KV head (decode: one token's group of
+# query heads) attends through reductions that Inductor fuses into the block's loops, instead
+# of the fused SDPA kernel or a matmul: one pass over the keys and one over the values, split
+# over the threads, with no per-call setup (docs/PERFORMANCE.md, section 6c).
+REDUCE_ROWS = 16
+
+
+def reduces(q: Tensor, int8: bool) -> bool:
+    """Whether attention reads a stretch as a reduction (compiled only): always for int8 (no
+    float32 copy of the codes), and for few-row CPU steps."""
+    return torch.compiler.is_compiling() and (
+        int8 or (q.device.type == "cpu" and q.shape[-2] <= REDUCE_ROWS))
+
+
 class KVSegment(NamedTuple):
     """A stretch of cache slots attention reads: K/V [B, Hkv, S, D] in the model dtype, or int8
     with symmetric per-token, per-head scales k_scale/v_scale [B, Hkv, S, 1]."""
@@ -164,23 +178,21 @@ class KVSegment(NamedTuple):
 
     def scores(self, q: Tensor) -> Tensor:
         """q [B, Hkv, M, D] -> unscaled q.k [B, Hkv, M, S] in float32."""
-        if self.k_scale is None:
-            return q.float() @ self.k.float().transpose(-1, -2)
-        if torch.compiler.is_compiling():
-            # Better for Inductor as a reduction: it reads the int8 keys once, widening them
-            # in registers, where a matmul would first write a float32 copy of all of them.
+        if reduces(q, self.k_scale is not None):
+            # The keys are read once and widened in registers; a matmul would first write a
+            # float32 copy of them (int8), or pay a call's setup for a few rows (float).
             s = (q.float().unsqueeze(-2) * self.k.unsqueeze(-3).float()).sum(-1)
         else:
             s = q.float() @ self.k.float().transpose(-1, -2)
-        return s * self.k_scale.transpose(-1, -2)
+        return s if self.k_scale is None else s * self.k_scale.transpose(-1, -2)
 
     def mix(self, probs: Tensor) -> Tensor:
         """probs [B, Hkv, M, S] (float32) -> probs @ V [B, Hkv, M, D] in float32."""
+        p = probs if self.v_scale is None else probs * self.v_scale.transpose(-1, -2)
+        if reduces(p, self.v_scale is not None):  # as in scores
+            return (p.unsqueeze(-1) * self.v.unsqueeze(-3).float()).sum(-2)
         if self.v_scale is None:
             return (probs.to(self.v.dtype) @ self.v).float()
-        p = probs * self.v_scale.transpose(-1, -2)
-        if torch.compiler.is_compiling():  # as in scores: no float32 copy of the int8 values
-            return (p.unsqueeze(-1) * self.v.unsqueeze(-3).float()).sum(-2)
         return p @ self.v.float()
 
 
@@ -211,7 +223,8 @@ def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Ten
     # GQA without repeating K/V: fold each KV group's query heads into the query axis.
     qg = q.reshape(B, Hkv, G * T, D)
     mask = mask.unsqueeze(2).expand(-1, -1, G, -1, -1).flatten(2, 3)
-    if len(segments) == 1 and segments[0].k_scale is None and not need_probs:
+    if len(segments) == 1 and segments[0].k_scale is None and not need_probs and \
+            not reduces(qg, False):
         y = F.scaled_dot_product_attention(qg, segments[0].k, segments[0].v, attn_mask=mask)
         return y.view(B, H, T, D), None
     # Explicit softmax: policies that score tokens need the probabilities (SDPA hides them),
@@ -286,8 +299,10 @@ class Transformer(nn.Module):
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         # Set by engine.generation.compile_decode on CPU: one compiled function that runs any
-        # block for single-token steps (regional compilation; prefill shapes stay eager).
+        # block for single-token steps (regional compilation; prefill shapes stay eager), and
+        # one that runs the final norm and the head for them.
         self.block_step: Optional[Callable] = None
+        self.head_step: Optional[Callable] = None
 
     # Device and activation dtype come from the final norm: a quantized linear holds no float
     # weight to ask.
@@ -318,4 +333,11 @@ class Transformer(nn.Module):
             x = step(layer, x, input_pos, cache) if step is not None else layer(x, input_pos, cache)
         if out_idx is not None:
             x = x[:, out_idx]
-        return self.output(self.norm(x)).float()
+        if step is not None and self.head_step is not None:
+            return self.head_step(self.norm, self.output, x)
+        return run_head(self.norm, self.output, x)
+
+
+def run_head(norm: nn.Module, output: nn.Module, x: Tensor) -> Tensor:
+    """The final norm and the head: logits in float32."""
+    return output(norm(x)).float()

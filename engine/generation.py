@@ -26,7 +26,7 @@ from caches import CacheFactory, build_caches, make_cache_factory
 from caches.snapkv import compresses_whole, prefill_whole
 from caches.region import RegionCache
 from core.errors import UserError
-from model import Transformer
+from model import Transformer, run_head
 from quantize.dense import STREAM_ROWS, stream_compiled_decode
 
 MIN_PREFILL_BUCKET = 16
@@ -97,6 +97,7 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     if rows <= STREAM_ROWS:
         stream_compiled_decode(model)
     model.block_step = torch.compile(run_block, fullgraph=True, dynamic=False, backend=backend)
+    model.head_step = torch.compile(run_head, fullgraph=True, dynamic=False, backend=backend)
     if backend not in _COMPRESS:  # keyed by the backend itself: a test's counter stays alive
         _COMPRESS[backend] = [torch.compile(f, fullgraph=True, dynamic=False, backend=backend)
                               for f in (RegionCache.compress_step, RegionCache.compress_bulk)]
@@ -217,7 +218,7 @@ class Session:
         self.compiled_prefill = compile_prefill
         self.decode_fn = decode_one_token
         self.prefill_fn = prefill
-        model.block_step = None
+        model.block_step = model.head_step = None
         if compile:
             self.decode_fn = compile_decode(decode_one_token, model, caches=self.caches,
                                             rows=batch_size)

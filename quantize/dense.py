@@ -22,7 +22,7 @@ fused into the block's graph and split over the threads, that reads the weight o
 GB/s in float32 and bfloat16 alike (docs/PERFORMANCE.md, section 6b). It needs the plain weight
 next to the packed one (eager prompt chunks and steps of more rows stay on oneDNN, faster there),
 so `stream_compiled_decode` keeps a plain copy of each block linear's weight: memory for speed,
-only when a compiled few-row decode asks for it.
+only when a compiled few-row decode asks for it. A tied head reads the embedding table itself.
 """
 from __future__ import annotations
 
@@ -106,14 +106,19 @@ def pack_dense_linears(model: nn.Module) -> nn.Module:
 
 
 def stream_compiled_decode(model: nn.Module) -> int:
-    """Keep a plain copy of the weight of every PackedLinear in the model's blocks (the head
-    runs eagerly), which a compiled step of at most STREAM_ROWS rows reads as a reduction.
-    Returns the bytes added."""
+    """Keep a plain weight next to every PackedLinear of the model's blocks (a copy), and of a
+    head tied to the embedding (the table itself), which a compiled step of at most
+    STREAM_ROWS rows reads as a reduction. An untied head stays on oneDNN: a copy of a large
+    vocabulary's head costs more memory than its step saves. Returns the bytes added."""
     added = 0
     for module in model.layers.modules():
         if isinstance(module, PackedLinear) and module.plain is None:
             module.plain = module.packed.to_dense()
             added += module.plain.numel() * module.plain.element_size()
+    head, table = model.output, model.tok_embeddings.weight
+    if model.args.tie_embeddings and isinstance(head, PackedLinear) and head.plain is None and \
+            table.dtype == head.packed.dtype:
+        head.plain = table.detach()  # the same storage: no bytes added
     return added
 
 

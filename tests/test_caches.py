@@ -81,11 +81,11 @@ def test_compiled_decode_never_recompiles(name, region):
     counter = CompileCounter()
     if region == "whole-step":  # the CUDA path
         gen.decode_fn = torch.compile(decode_one_token, backend=counter, fullgraph=True)
-    else:  # the CPU path: both blocks run through one graph (+ one for prompt-chunk compression)
+    else:  # the CPU path: both blocks run through one graph (+ the head, + prompt-chunk compression)
         compile_decode(decode_one_token, model, backend=counter, caches=gen.caches)
     assert gen.generate(list(range(1, 12)), 70).new_ids[0] == expected
     # fill phase and eviction phase share one graph
-    assert counter.frame_count == (1 if region == "whole-step" else 2)
+    assert counter.frame_count == (1 if region == "whole-step" else 3)
 
 
 @pytest.mark.parametrize("name", ["weightedkv", "cam", "quantized"])
@@ -107,7 +107,7 @@ def test_inductor_compiled_policy_matches_eager(name):
     counter = CompileCounterWithBackend("inductor")
     compile_decode(decode_one_token, model, backend=counter, caches=gen.caches)
     assert gen.generate(list(range(1, 12)), 50).new_ids[0] == expected
-    assert counter.frame_count == 2  # the block step and the prompt chunk's compression step
+    assert counter.frame_count == 3  # the block step, the head and the chunk's compression step
 
 
 @pytest.mark.parametrize("name", COMPRESSING)
@@ -498,8 +498,8 @@ def test_bulk_prompt_compression_compiled_matches_eager(name):
     counter = CompileCounterWithBackend("inductor")
     compile_decode(decode_one_token, model, backend=counter, caches=gen.caches)
     assert gen.generate(prompt, 20).new_ids[0] == expected
-    assert counter.frame_count == 2  # the block step and the chunk's bulk pass
-    assert gen.generate(prompt, 20).new_ids[0] == expected and counter.frame_count == 2
+    assert counter.frame_count == 3  # the block step, the head and the chunk's bulk pass
+    assert gen.generate(prompt, 20).new_ids[0] == expected and counter.frame_count == 3
     # a prompt within the budget is not compressed at all: bulk and chunked agree exactly
     short = list(range(1, 12))
     assert Generator(model, 256, make_cache=factory).generate(short, 8).new_ids == \

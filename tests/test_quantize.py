@@ -402,9 +402,9 @@ def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype):
     assert all(lin.plain is None for lin in linears)
     compile_decode(decode_one_token, m, backend="eager", rows=STREAM_ROWS)
     in_blocks = {id(mod) for mod in m.layers.modules()}
-    for lin in linears:  # the blocks' linears gain a plain copy; the eager head does not
+    for lin in linears:  # the blocks' linears gain a plain copy; an untied head does not
         assert (lin.plain is not None) == (id(lin) in in_blocks)
-    assert m.output.plain is None
+    assert m.output.plain is None and not m.args.tie_embeddings
     assert stream_compiled_decode(m) == 0  # a second compiled session copies nothing again
     for k, v in m.state_dict().items():  # the checkpoint format is unchanged
         assert torch.equal(v, state[k]), k
@@ -423,6 +423,19 @@ def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype):
             onednn = any("packed_linear" in target for target in graphs[-1])
             assert onednn == (rows > STREAM_ROWS), rows
             torch.testing.assert_close(lin(x), want, **tol)  # eager: oneDNN, same values
+    # A tied head reads the embedding table itself as its plain weight: no bytes added.
+    from model import run_head
+    tied = pack_dense_linears(tiny_model(tie_embeddings=True).to(dtype))
+    copies = stream_compiled_decode(tied)
+    assert copies == sum(lin.plain.numel() * lin.plain.element_size()
+                         for lin in tied.layers.modules() if isinstance(lin, PackedLinear))
+    assert tied.output.plain.data_ptr() == tied.tok_embeddings.weight.data_ptr()
+    head = torch.compile(run_head, fullgraph=True, dynamic=False, backend=backend)
+    with torch.inference_mode():
+        x = torch.randn(1, 1, tied.args.dim, dtype=dtype)
+        torch.testing.assert_close(head(tied.norm, tied.output, x),
+                                   run_head(tied.norm, tied.output, x), **tol)
+    assert not any("packed_linear" in target for target in graphs[-1])
 
 
 def test_loaded_float_model_is_packed_and_scores_as_unpacked(default_checkpoint):
