@@ -328,6 +328,10 @@ class Transformer(nn.Module):
         if input_pos.dim() == 1:
             input_pos = input_pos.view(1, -1).expand(idx.shape[0], -1)
         x = self.tok_embeddings(idx)
+        if not torch.compiler.is_compiling() and any(c.interval > 1 for c in caches):
+            last = input_pos[:, -1].tolist()  # the caches' pass schedule: decided on the host
+            for cache in caches:
+                cache.before_step(last)
         step = self.block_step if idx.shape[1] == 1 else None
         for layer, cache in zip(self.layers, caches):
             x = step(layer, x, input_pos, cache) if step is not None else layer(x, input_pos, cache)

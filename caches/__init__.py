@@ -127,7 +127,7 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
                        chunk: int = DEFAULT_CHUNK, prompt_compression: str = "chunked",
                        seed: int = 0, budget_pattern: str = "uniform",
                        layer_pattern: Optional[str] = None, observation_window=None,
-                       **options) -> "CacheFactory":
+                       compression_interval: int = 1, **options) -> "CacheFactory":
     """The builder of each layer's cache of policy `name` (see CacheFactory); UserError names
     a bad setting. `name` may list policies ('weightedkv,full') that `layer_pattern` assigns to
     layers; `budget_pattern` spreads cache_size * layers over the layers."""
@@ -137,6 +137,7 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
             cache_size=cache_size, sink=sink, window=window, kv_middle=kv_middle,
             positions=positions, chunk=chunk, prompt_compression=prompt_compression, seed=seed,
             **({} if observation_window is None else {"observation_window": observation_window}),
+            **({} if compression_interval == 1 else {"compression_interval": compression_interval}),
             **options), budget_pattern, layer_pattern)
     if name not in POLICIES:
         raise UserError(f"unknown cache policy {name!r}; choose one of {', '.join(POLICIES)}")
@@ -169,12 +170,19 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
         if prompt_compression != "chunked":
             raise UserError(f"`prompt_compression` {prompt_compression} needs a compressing "
                             f"policy; full keeps every token")
+        if compression_interval != 1:
+            raise UserError("`compression_interval` needs a compressing policy; full keeps "
+                            "every token")
         return CacheFactory(FullCache, {}, {"policy": name})
     if kv_middle == "int8" and not cls.has_middle:
         raise UserError(f"`kv_middle` int8 needs a policy with a middle region; {name} has none")
     if cache_size < 2:
         raise UserError(f"`cache_size` must be at least 2, got {cache_size}")
     sink, window, middle = region_sizes(name, cache_size, sink, window)
+    if not 1 <= compression_interval <= chunk:
+        raise UserError(f"`compression_interval` must be between 1 and the prefill chunk "
+                        f"({chunk}): the tokens waiting for a pass stay in its staging slots; "
+                        f"got {compression_interval}")
     cls.check_options(window, **options)
     int8 = kv_middle == "int8" or getattr(cls, "always_int8", False)
     spec = dict(policy=name, cache_size=cache_size, sink=sink, window=window, kv_middle=kv_middle,
@@ -182,13 +190,15 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
     one_shot = {}
     if prompt_compression != "chunked":  # the default stays out: older saved specs match
         spec["prompt_compression"] = prompt_compression
+    if compression_interval != 1:  # likewise
+        spec["compression_interval"] = compression_interval
     if prompt_compression == "snapkv":
         one_shot["observation_window"] = observation_window or DEFAULT_OBSERVATION_WINDOW
         spec.update(one_shot)
     return CacheFactory(cls, dict(sink=sink, window=window, middle=middle, chunk=chunk,
                                   middle_int8=int8, positions=positions, seed=seed,
                                   prompt_compression=prompt_compression, **one_shot,
-                                  **options), spec)
+                                  compression_interval=compression_interval, **options), spec)
 
 
 class CacheFactory:
@@ -321,7 +331,7 @@ class LayeredFactory(CacheFactory):
 
 # Settings of make_cache_factory every region policy takes (the rest are policy options).
 _REGION_KEYS = ("sink", "window", "positions", "chunk", "prompt_compression", "seed",
-                "observation_window")
+                "observation_window", "compression_interval")
 
 
 def cache_nbytes(args, batch_size: int, max_seq_length: int, dtype: torch.dtype,

@@ -2,6 +2,7 @@
 
 Each step, for one layer:
 
+    cache.before_step(last_positions)                # host side, compression_interval > 1 only
     view = cache.update(input_pos, q, k, v)          # rotate, store, say what to attend over
     y, probs = attend(view, need_probs=cache.wants_probs)
     cache.commit(input_pos, probs)                   # statistics and compression happen here
@@ -50,6 +51,7 @@ class KVCache(nn.Module):
     #                            changes nothing the stream reads (continuous batching relies on it)
     description = ""      # one line for --list_caches
     options: dict = {}    # policy options (name -> default) a policy accepts
+    interval = 1          # compression_interval: > 1 asks for before_step on the host
 
     @classmethod
     def check_options(cls, window: int, **options) -> None:
@@ -69,6 +71,10 @@ class KVCache(nn.Module):
 
     def commit(self, input_pos: Tensor, probs) -> None:
         """After attention: probs [B, Hkv, G, T, S] (float32) if `wants_probs`, else None."""
+
+    def before_step(self, last: list) -> None:
+        """Host side, before an eager step whose rows end at positions `last` (called only
+        when `interval` > 1; a whole-step graph never calls it)."""
 
     def reset(self) -> None:
         raise NotImplementedError

@@ -34,8 +34,18 @@ compression step per chunk token, in order) or in one pass (`"bulk"`): every tok
 the window during the chunk and every middle token are candidates; the n lowest-scored go at
 once (scores taken once, after the chunk; ties: oldest first), n = candidates - middle (at
 least every candidate scored -inf), then the survivors move into free middle slots.
+
+Decode compresses after every token (`compression_interval=1`, the default) or, with interval
+k (at most `chunk`), in one bulk pass after each token whose position p has (p + 1) % k == 0:
+the tokens that left the window since the last pass wait in the ring's staging slots (the same
+`chunk` slots a prompt chunk uses) and are attended until the pass. The schedule follows the
+positions, so it survives batching, row views and saved sessions; the host decides it once a
+step (`before_step`: the graph has one variant that passes and one that does not). Before a
+prompt chunk is written, the tokens still waiting are compressed in one pass.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -61,7 +71,7 @@ class RegionCache(KVCache):
                  dtype: torch.dtype, rope: Tensor, *, sink: int, window: int, middle: int,
                  chunk: int = 32, middle_int8: bool = False, positions: str = "original",
                  prompt_compression: str = "chunked", observation_window: int = 32,
-                 layer_id: int = 0, seed: int = 0):
+                 compression_interval: int = 1, layer_id: int = 0, seed: int = 0):
         super().__init__(rope, layer_id)
         B, H, D = batch_size, n_kv_heads, head_dim
         self.sink, self.window, self.middle, self.chunk = sink, window, middle, chunk
@@ -70,6 +80,8 @@ class RegionCache(KVCache):
         # One-shot (caches/snapkv.py): a fresh prompt over the budget is read whole and loaded.
         self.one_shot, self.observe = prompt_compression == "snapkv", observation_window
         self.unbounded = positions == "cache"
+        self.interval = compression_interval
+        self.due = True  # this step's token is followed by a pass (interval > 1; host-set)
         self.n_fast = sink + window + chunk
         self.n_mid = middle + 1  # one spare slot receives the token leaving the window
         self.capacity = self.n_fast + self.n_mid
@@ -188,8 +200,15 @@ class RegionCache(KVCache):
             self.v_mid.copy_(torch.where(do_mid, mid.to(self.v.dtype), self.v_mid))
 
     # ---- the contract ------------------------------------------------------------------------
+    def before_step(self, last: list) -> None:
+        self.due = any((p + 1) % self.interval == 0 for p in last)
+
     def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> KVView:
         B, H, T, D = k.shape
+        if T > 1 and self.interval > 1:
+            # Tokens waiting for the next pass would be overwritten by the chunk: pass now.
+            (self.compiled_bulk or RegionCache.compress_bulk)(self, (input_pos[:, :1] - 1)
+                                                              .unsqueeze(-1))
         slots = self.fast_slot(input_pos)  # [B, T]
         if self.positions == "original":
             q, k = self.rotate(q, input_pos), self.rotate(k, input_pos)
@@ -233,6 +252,11 @@ class RegionCache(KVCache):
             # A KV head's attention is the mean over the query heads of its group.
             self.accumulate(probs.mean(dim=2), input_pos)
         T = input_pos.shape[1]
+        if T == 1 and self.interval > 1:  # one pass every `interval` positions
+            if self.due:  # some row passes; each row on its own schedule
+                self.compress_bulk(input_pos.unsqueeze(-1),
+                                   rows=(input_pos.view(-1) + 1) % self.interval == 0)
+            return
         if T > 1 and self.bulk:  # the whole chunk in one pass
             bulk = self.compiled_bulk or RegionCache.compress_bulk
             bulk(self, input_pos[:, -1:].unsqueeze(-1))
@@ -245,6 +269,7 @@ class RegionCache(KVCache):
             compress(self, input_pos[:, i:i + 1].unsqueeze(-1))
 
     def reset(self) -> None:
+        self.due = True
         for name, b in self.named_buffers():
             if name not in ("rope", "rng_key"):
                 b.fill_(-1 if name == "pos" else 0)
@@ -292,18 +317,21 @@ class RegionCache(KVCache):
             stat = getattr(self, name)
             put_slots(stat, g, stat.gather(2, r))
 
-    def compress_bulk(self, cur: Tensor) -> None:
+    def compress_bulk(self, cur: Tensor, rows: Optional[Tensor] = None) -> None:
         """After a prompt chunk ending at position cur [B, 1, 1] was attended: one pass. The
         candidates are the middle tokens and the fast tokens that left the window (at most
         `chunk`: everything older went at the previous pass); the n lowest-scored go at once,
         n = candidates - middle, but at least every candidate scored -inf (LagKV's unselected
-        tokens); then the surviving fast tokens move into free middle slots."""
+        tokens); then the surviving fast tokens move into free middle slots. rows [B] (bool):
+        only these rows pass (the others keep everything)."""
         self.before_bulk(cur)
         B, H, C = self.pos.shape
         slot = torch.arange(C, device=cur.device)
         in_fast = slot < self.n_fast
         left = in_fast & (self.pos >= self.sink) & (self.pos <= cur - self.window)
         cand = left | (~in_fast & (self.pos >= 0))
+        if rows is not None:
+            cand = cand & rows.view(B, 1, 1)
         score = torch.where(cand, self.score(cur), float("inf"))
         excess = cand.sum(-1) - self.middle
         n = torch.maximum(excess, (score == float("-inf")).sum(-1))  # [B, H]
@@ -314,7 +342,7 @@ class RegionCache(KVCache):
         victims = by_pos.gather(-1, by_score)[..., :K]  # global slots [B, H, K]
         do = torch.arange(K, device=cur.device) < n.unsqueeze(-1)
         self.remove_bulk(victims, do, cur)
-        self.move_left_to_middle(cur)
+        self.move_left_to_middle(cur, rows)
 
     def later_survivors(self, victims: Tensor, do: Tensor) -> Tensor:
         """[B, H, K, C]: slot c holds a token that stays (it is not among the victims that go,
@@ -324,12 +352,14 @@ class RegionCache(KVCache):
         return stays.unsqueeze(2) & (self.pos.unsqueeze(2) >
                                      self.pos.gather(-1, victims).unsqueeze(-1))
 
-    def move_left_to_middle(self, cur: Tensor) -> None:
+    def move_left_to_middle(self, cur: Tensor, rows: Optional[Tensor] = None) -> None:
         """Every fast token that left the window moves into a free middle slot (per head: the
-        i-th such token, in slot order, into the i-th free slot)."""
+        i-th such token, in slot order, into the i-th free slot); only in `rows` if given."""
         B, H, _, D = self.k_fast.shape
         fast_pos = self.pos[..., :self.n_fast]
         moving = (fast_pos >= self.sink) & (fast_pos <= cur - self.window)
+        if rows is not None:
+            moving = moving & rows.view(B, 1, 1)
         K = min(self.chunk, self.n_mid)
         src = (~moving).int().argsort(dim=-1, stable=True)[..., :K]  # [B, H, K] moving first
         ok = moving.gather(-1, src)

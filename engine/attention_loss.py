@@ -34,6 +34,11 @@ class LossProbe(KVCache):
         self.full = full
         self.shadows = torch.nn.ModuleList(shadows)
         self.steps: list = []  # per step: loss [n_shadows, B]
+        self.interval = max(s.interval for s in shadows)
+
+    def before_step(self, last: list) -> None:
+        for s in self.shadows:
+            s.before_step(last)
 
     def update(self, input_pos, q, k, v):
         for s in self.shadows:  # each stores and rotates as it would alone

@@ -163,6 +163,10 @@ def add_cache_arguments(p) -> None:
                         "scored tokens go at once; a faster first token) or snapkv (a prompt "
                         "over the budget is read whole and compressed once, by the attention "
                         "of its last --observation_window tokens)")
+    p.add_argument("--compression_interval", type=positive_int, default=None,
+                   help="decode compresses in one bulk pass every N tokens instead of after "
+                        "each (default 1; at most --prefill_chunk): the tokens waiting for a "
+                        "pass stay in the staging slots and are attended until it")
     p.add_argument("--observation_window", type=positive_int, default=None,
                    help="snapkv: prompt tokens whose attention picks the survivors (default 32)")
     # Policy options: None = not given, so a policy that has no such option can refuse it.
@@ -191,7 +195,8 @@ def is_layered(args) -> bool:
     return "," in args.cache or "/" in args.cache or \
         getattr(args, "budget_pattern", None) not in (None, "uniform")
 # Flags of the region cache, which `full` refuses.
-REGION_FLAGS = ("sink", "window", "prefill_chunk", "prompt_compression", "observation_window")
+REGION_FLAGS = ("sink", "window", "prefill_chunk", "prompt_compression", "observation_window",
+                "compression_interval")
 
 
 def round_up(n: int, multiple: int = 64) -> int:
@@ -308,10 +313,12 @@ def cache_factory_from_args(args, seed: int = 0):
         region = dict(cache_size=args.cache_size, sink=args.sink, window=args.window,
                       chunk=args.prefill_chunk or DEFAULT_CHUNK,
                       prompt_compression=args.prompt_compression or "chunked", seed=seed,
-                      observation_window=getattr(args, "observation_window", None))
+                      observation_window=getattr(args, "observation_window", None),
+                      compression_interval=getattr(args, "compression_interval", None) or 1)
     elif any(getattr(args, a, None) is not None for a in REGION_FLAGS):
         raise UserError("--sink/--window/--prefill_chunk/--prompt_compression/"
-                        "--observation_window apply to compressing policies, not full")
+                        "--observation_window/--compression_interval apply to compressing "
+                        "policies, not full")
     layers = {k: v for k in ("budget_pattern", "layer_pattern")
               if (v := getattr(args, k, None)) is not None}
     return make_cache_factory(args.cache, kv_middle=args.kv_middle, positions=args.positions,
