@@ -151,11 +151,13 @@ def policy_factories(args, notes: list, cfg: dict = None, dtype=None) -> dict:
 
 
 def prompt_settings(factory, settings: dict) -> dict:
-    """settings + how the cache reads a prompt (chunk and compression; None for full)."""
+    """settings + how the cache reads a prompt (chunk and compression) and how often decode
+    compresses (None for full)."""
     spec = factory.spec
+    region = "chunk" in spec
     return dict(settings, prefill_chunk=spec.get("chunk"),
-                prompt_compression=spec.get("prompt_compression", "chunked")
-                if "chunk" in spec else None)
+                prompt_compression=spec.get("prompt_compression", "chunked") if region else None,
+                compression_interval=spec.get("compression_interval", 1) if region else None)
 
 
 # ---- measurements --------------------------------------------------------------------------------

@@ -216,7 +216,9 @@ def ppl_main(args) -> None:
            "corpus": args.corpus, "text_file": args.text_file, "ranks": tp.world if tp else 1,
            "prompt_tokens": args.prompt_tokens,
            "prompt_compression": args.prompt_compression or (
-               None if args.cache == "full" else "chunked")}
+               None if args.cache == "full" else "chunked"),
+           "compression_interval": None if args.cache == "full" else
+           (args.compression_interval or 1)}
     if args.curve:
         write_atomic(Path(args.curve), json.dumps({"position": list(range(
             max(args.prompt_tokens, 1), len(ids))),

@@ -1,6 +1,9 @@
 """Probe: each policy's decode step against `streaming`'s, measured interleaved.
 
     python scripts/interleaved_overhead.py CONTEXT [POLICY,POLICY,...]   # e.g. 4096
+    python scripts/interleaved_overhead.py 4096 streaming:8,weightedkv,weightedkv:8
+
+A POLICY may carry `:K`, its compression interval (docs/DESIGN.md; default 1).
 
 `bench.py` measures one row after another, minutes apart, and this VM's bandwidth drifts
 between them by more than a policy's bookkeeping costs (docs/PERFORMANCE.md, section 6b). Here
@@ -30,12 +33,14 @@ def main(context: int, policies: list) -> None:
     model = load_model(resolve_checkpoint(None))
     prompt = list(range(100, 100 + context))  # token ids; their text does not matter for speed
     sessions = {}
-    for policy in ["streaming", *policies]:
-        factory = make_cache_factory(policy, cache_size=256, prompt_compression="bulk")
-        s = G.Session(model, factory, max_seq_length=context + 5 * 24 + 64, compile=True)
+    for spec in ["streaming", *policies]:
+        policy, _, k = spec.partition(":")
+        factory = make_cache_factory(policy, cache_size=256, prompt_compression="bulk",
+                                     compression_interval=int(k or 1))
+        s = G.Session(model, factory, max_seq_length=context + 5 * 24 + 128, compile=True)
         s.append(prompt)
-        s.generate(8)  # compiles
-        sessions[policy] = s
+        s.generate(max(8, int(k or 1) + 1))  # compiles (a step with a pass, one without)
+        sessions[spec] = s
     steps = {p: [] for p in sessions}
     for _ in range(5):
         for policy, s in sessions.items():
@@ -53,7 +58,8 @@ if __name__ == "__main__":
     if len(sys.argv) not in (2, 3) or not sys.argv[1].isdigit():
         sys.exit("usage: python scripts/interleaved_overhead.py CONTEXT [POLICY,POLICY,...]")
     names = (sys.argv[2] if len(sys.argv) == 3 else DEFAULT).split(",")
-    unknown = [n for n in names if n not in POLICIES]
+    unknown = [n for n in names if n.partition(":")[0] not in POLICIES or
+               not (n.partition(":")[2] or "1").isdigit()]
     if unknown:
         sys.exit(f"error: unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
     try:

@@ -151,7 +151,8 @@ def test_the_cli_itself_exits_2_with_one_line():
 def test_policy_overhead_is_measured_against_the_same_budget():
     import bench
     args = bench.build_parser().parse_args(["--cache", "full,weightedkv", "--kv_middle", "int8",
-                                            "--cache_size", "64", "--prompt_compression", "bulk"])
+                                            "--cache_size", "64", "--prompt_compression", "bulk",
+                                            "--compression_interval", "4"])
     notes = []
     factories = bench.policy_factories(args, notes)
     # streaming joins as the baseline; --kv_middle reaches only the policy with a middle, the
@@ -159,12 +160,13 @@ def test_policy_overhead_is_measured_against_the_same_budget():
     assert list(factories) == ["full", "weightedkv", "streaming"] and notes
     assert factories["full"][1] == {"cache_size": None, "kv_middle": "model",
                                     "positions": "original", "prefill_chunk": None,
-                                    "prompt_compression": None}
+                                    "prompt_compression": None, "compression_interval": None}
     assert factories["weightedkv"][1]["kv_middle"] == "int8"
     assert factories["weightedkv"][1]["prompt_compression"] == "bulk"
+    assert factories["weightedkv"][1]["compression_interval"] == 4
     assert factories["streaming"][1] == {"cache_size": 64, "kv_middle": "model",
                                          "positions": "original", "prefill_chunk": 32,
-                                         "prompt_compression": "bulk"}
+                                         "prompt_compression": "bulk", "compression_interval": 4}
 
     def row(policy, size, ctx, ms):
         return dict(policy=policy, cache_size=size, context=ctx, compiled=False, batch_size=1,

@@ -1,0 +1,69 @@
+"""Probe: variants of the compiled CPU decode step on one session, measured interleaved.
+
+    python scripts/decode_ab.py POLICY CONTEXT [DTYPE]     # e.g. full 1024 bfloat16
+
+One session (budget 256 for a compressing POLICY, bulk prompt compression) reads a CONTEXT-token
+prompt, then the variants take turns, 6 rounds of 24 decode steps each, so that every round
+sees the machine in the same state:
+    reduce        the engine's step: attention through fused reductions, the head compiled
+    sdpa          attention through SDPA / matmuls (model.REDUCE_ROWS = 0), the head compiled
+    eager-head    attention through reductions, the final norm and head eager (oneDNN)
+Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, section 6c,
+records what it measured.
+"""
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import model as M  # noqa: E402
+from caches import POLICIES, make_cache_factory  # noqa: E402
+from engine import generation as G  # noqa: E402
+from engine.checkpoint import load_model  # noqa: E402
+from engine.cli import DTYPES  # noqa: E402
+from engine.default_model import resolve_checkpoint  # noqa: E402
+
+VARIANTS = ("reduce", "sdpa", "eager-head")
+
+
+def main(policy: str, context: int, dtype: str) -> None:
+    torch.set_num_threads(2)
+    model = load_model(resolve_checkpoint(None), dtype=DTYPES[dtype])
+    factory = make_cache_factory("full") if policy == "full" else \
+        make_cache_factory(policy, cache_size=256, prompt_compression="bulk")
+    rounds, steps = 6, 24
+    s = G.Session(model, factory, max_seq_length=context + (rounds + 1) * steps * 3 + 64,
+                  compile=True)
+    s.append(list(range(100, 100 + context)))  # token ids; their text does not matter for speed
+    head = model.head_step
+
+    def use(variant: str) -> None:
+        M.REDUCE_ROWS = 0 if variant == "sdpa" else 16  # read when a graph is traced
+        model.head_step = None if variant == "eager-head" else head
+
+    for v in VARIANTS:  # compiles each variant's graph
+        use(v)
+        s.generate(4)
+    ms = {v: [] for v in VARIANTS}
+    for _ in range(rounds):
+        for v in VARIANTS:
+            use(v)
+            g = s.generate(steps)
+            ms[v].append(1000 * g.decode_s / (g.new_tokens - 1))
+    use("reduce")
+    print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")
+    for v, m in ms.items():
+        print(f"{v:12s} {statistics.median(m):6.2f}   {' '.join(f'{x:.1f}' for x in m)}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (3, 4) or not sys.argv[2].isdigit():
+        sys.exit("usage: python scripts/decode_ab.py POLICY CONTEXT [float32|bfloat16]")
+    dtype = sys.argv[3] if len(sys.argv) == 4 else "float32"
+    if sys.argv[1] not in POLICIES:
+        sys.exit(f"error: unknown policy {sys.argv[1]!r}; choose from {', '.join(POLICIES)}")
+    if dtype not in DTYPES:
+        sys.exit(f"error: unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    main(sys.argv[1], int(sys.argv[2]), dtype)
