@@ -15,11 +15,18 @@ run targets-f32 --contexts 1024,4096 --cache full,$ALL --cache_size 256 --new_to
 run targets-bulk-4k --contexts 4096 --cache $ALL --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on
 # 2: full's time to first token at 4k against transformers in the same run
 run targets-prefill-peer --contexts 4096 --cache full --new_tokens 8 --repeats 2 --compile on --peer transformers
-# 1 again, interleaved: every policy against streaming, turn by turn (section 6b)
+# 1 again, interleaved: every policy against streaming, turn by turn (section 6b), and with a
+# compression interval of 8 (section 6c)
 for ctx in 1024 4096; do
   echo "== interleaved $ctx" >&2
-  python scripts/interleaved_overhead.py $ctx > "$out/interleaved-overhead-$ctx.txt"
+  python scripts/interleaved_overhead.py $ctx \
+    streaming:8,h2o,h2o:8,tova,a2sf,weightedkv,weightedkv:8,weightedkv-evict,cam,lagkv,knorm,keydiff \
+    > "$out/interleaved-overhead-$ctx.txt"
 done
+# 4: the compiled step's attention (reductions against SDPA) and head, A/B (section 6c)
+python scripts/decode_ab.py full 1024 > "$out/ab-full-1024-f32.txt"
+python scripts/decode_ab.py full 1024 bfloat16 > "$out/ab-full-1024-bf16.txt"
+python scripts/decode_ab.py weightedkv 4096 > "$out/ab-weightedkv-4096-f32.txt"
 # 1 in bfloat16; 3: an INT8 middle against the same policy without
 run targets-bf16 --dtype bfloat16 --contexts 1024,4096 --cache full,streaming,weightedkv --cache_size 256 --new_tokens 24 --repeats 2 --compile on
 run targets-int8-middle --contexts 1024,4096 --cache h2o,weightedkv --kv_middle int8 --cache_size 256 --new_tokens 24 --repeats 2 --compile on
