@@ -38,7 +38,8 @@ import torch
 from torch import Tensor
 
 from caches import CacheFactory, build_caches, make_cache_factory
-from engine.generation import check_prompt, compile_decode, prefill, prefill_chunk, row_view
+from engine.generation import (check_prompt, compile_decode, prefill, prefill_chunk, row_view,
+                               warmup_positions)
 
 DEFAULT_PREFILL_TOKENS = 512
 
@@ -274,7 +275,7 @@ class Batcher:
         """Compile (or just run) the decode step and a prompt chunk; returns the seconds."""
         t0 = time.perf_counter()
         token = torch.zeros(self.slots, 1, dtype=torch.long, device=self.device)
-        for t in range(2):  # the second call confirms the graph is reused
+        for t in warmup_positions(self.caches):
             self.step(self.model, self.caches, token,
                       torch.full((self.slots, 1), t, device=self.device))
         if self.chunk is not None:

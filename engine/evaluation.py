@@ -42,11 +42,12 @@ def compile_step(fn, model: Transformer, caches, rows: int = 1):
 
 @torch.inference_mode()
 def warmup(model: Transformer, caches, step, batch_size: int) -> float:
-    """Run (compile) the step twice so timings exclude compilation; caches are reset after."""
+    """Run (compile) the step so timings exclude compilation; caches are reset after."""
+    from engine.generation import warmup_positions
     dev = model.device
     t0 = time.perf_counter()
     token = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
-    for t in range(2):
+    for t in warmup_positions(caches):
         step(model, caches, token, torch.tensor([t], device=dev), token.view(-1))
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

@@ -107,6 +107,12 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     return fn
 
 
+def warmup_positions(caches) -> range:
+    """Positions a warm-up steps through: two (the second confirms the graph is reused), or up
+    to the first pass of a compression interval, so both of its graph variants compile."""
+    return range(max(2, *(c.interval for c in caches)))
+
+
 def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_seq_length: int,
                 prefill_fn=prefill, compiled: bool = False) -> Tensor:
     """tokens [B, T] at positions start [B, 1] + 0..T-1 through the caches, as each cache reads
@@ -360,7 +366,7 @@ class Session:
         t0 = time.perf_counter()
         self.reset()
         token = torch.zeros(self.batch_size, 1, dtype=torch.long, device=self.device)
-        for t in range(2):  # the second call confirms the graph is reused
+        for t in warmup_positions(self.caches):
             self.decode_fn(self.model, self.caches, token,
                            torch.full((self.batch_size, 1), t, device=self.device),
                            temperature, top_k)

@@ -118,3 +118,18 @@ def test_interval_one_is_the_default_and_bad_values_are_refused():
     layered = make_cache_factory("weightedkv,full", cache_size=BUDGET, chunk=CHUNK,
                                  layer_pattern="repeat", compression_interval=4)
     assert [f.spec.get("compression_interval") for _, _, f in layered.plan(2)] == [4, None]
+
+
+def test_a_warm_up_compiles_both_variants():
+    """Timings exclude compilation: after Session.warmup nothing compiles (the pass variant
+    first runs k - 1 steps in)."""
+    torch._dynamo.reset()
+    model = tiny_model()
+    counter = CompileCounter()
+    s = Session(model, factory("weightedkv", 8), max_seq_length=256)
+    s.decode_fn = compile_decode(decode_one_token, model, backend=counter, caches=s.caches)
+    s.warmup()
+    frames = counter.frame_count
+    s.append(list(range(1, 30)))
+    s.generate(30)
+    assert counter.frame_count == frames
