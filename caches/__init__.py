@@ -179,10 +179,10 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
     if cache_size < 2:
         raise UserError(f"`cache_size` must be at least 2, got {cache_size}")
     sink, window, middle = region_sizes(name, cache_size, sink, window)
-    if not 1 <= compression_interval <= chunk:
-        raise UserError(f"`compression_interval` must be between 1 and the prefill chunk "
-                        f"({chunk}): the tokens waiting for a pass stay in its staging slots; "
-                        f"got {compression_interval}")
+    if not isinstance(compression_interval, int) or not 1 <= compression_interval <= chunk:
+        raise UserError(f"`compression_interval` must be an integer between 1 and the prefill "
+                        f"chunk ({chunk}): the tokens waiting for a pass stay in its staging "
+                        f"slots; got {compression_interval!r}")
     cls.check_options(window, **options)
     int8 = kv_middle == "int8" or getattr(cls, "always_int8", False)
     spec = dict(policy=name, cache_size=cache_size, sink=sink, window=window, kv_middle=kv_middle,
