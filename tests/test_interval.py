@@ -133,3 +133,28 @@ def test_a_warm_up_compiles_both_variants():
     s.append(list(range(1, 30)))
     s.generate(30)
     assert counter.frame_count == frames
+
+
+@pytest.mark.parametrize("name", ["weightedkv", "lagkv"])
+def test_the_server_batcher_streams_equal_each_alone(name):
+    """Continuous batching (prompt chunks read beside decode steps, rows at their own
+    positions) with k = 4: every stream's tokens are those of the prompt run alone."""
+    import time
+    from engine.batcher import Batcher, SamplingParams
+    model = tiny_model()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 23, 40, 11)]
+    batcher = Batcher(model, factory(name, 4), slots=3, max_seq_length=256,
+                      prefill_tokens=CHUNK).start()
+    try:
+        requests = []
+        for i, p in enumerate(prompts):
+            requests.append(batcher.submit(p, SamplingParams(max_tokens=10 + i, temperature=0)))
+            time.sleep(0.005 * i)
+        outs = [r.result() for r in requests]
+    finally:
+        batcher.stop()
+    for i, (p, out) in enumerate(zip(prompts, outs)):
+        alone = Generator(model, 256, make_cache=factory(name, 4)).generate(p, 10 + i)
+        assert out == alone.new_ids[0], (name, len(p))
+    assert batcher.stats["steps_beside_a_prompt"] > 0
