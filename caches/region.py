@@ -219,7 +219,29 @@ class RegionCache(KVCache):
         for name in self.stats:  # a new token starts from zero statistics
             put_slots(getattr(self, name), per_head, 0.0)
         mask = (self.pos.unsqueeze(-2) >= 0) & (self.pos.unsqueeze(-2) <= input_pos.view(B, 1, T, 1))
+        return self.trim(self.view(input_pos, q, per_head, mask))
 
+    def trim(self, view: KVView) -> KVView:
+        """An eager prompt chunk of a cache whose middle spans the stream (quantized) attends
+        over the middle slots that can hold a token yet, not the whole static buffer: middle
+        slots fill lowest first, so no more of them than the tokens that ever left the window
+        are in use. The slots cut are empty (masked), so attention is unchanged."""
+        q, segments, mask = view
+        if not self.keeps_every_token or q.shape[-2] == 1 or torch.compiler.is_compiling():
+            return view
+        last = int(self.pos.max())  # the latest position held (a host read, once a layer)
+        used = min(self.n_mid, max(0, last + 1 - self.sink - self.window))
+        n = self.n_fast + used
+        if self.middle_int8:
+            mid = KVSegment(*(None if x is None else x[:, :, :used] for x in segments[1]))
+            return KVView(q, [segments[0], mid], mask[..., :n])
+        return KVView(q, [KVSegment(segments[0].k[:, :, :n], segments[0].v[:, :, :n])],
+                      mask[..., :n])
+
+    def view(self, input_pos: Tensor, q: Tensor, per_head: Tensor, mask: Tensor) -> KVView:
+        """What the step attends over: every slot, its keys rotated as the positions say."""
+        B, H, T = per_head.shape
+        D = q.shape[-1]
         if self.positions == "cache":
             # StreamingLLM's pos-shift: keys are stored un-rotated and rotated by their rank
             # among the retained tokens; the query takes its own rank (the newest).

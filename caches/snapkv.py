@@ -9,7 +9,9 @@ the prompt's own slots, so its logits are exact); then each layer keeps, per KV 
 The survivors enter their regions in position order; the policy's statistics start from the
 observation window's attention (`RegionCache.load_prompt`) and the policy takes over from the
 first token after the prompt. Prompts that fit the budget, and prompts appended to a stream that
-already holds tokens, go chunk by chunk as before.
+already holds tokens, go chunk by chunk as before. A cache that keeps every token (quantized)
+keeps them all here too: one shot reads its prompt in the model dtype, then stores every token
+older than the window in int8, at the full cache's pace.
 """
 from __future__ import annotations
 
@@ -72,10 +74,13 @@ def keep_middle(votes: Tensor, sink: int, window: int, middle: int) -> Tensor:
 
 def compresses_whole(caches, start: Tensor, n_tokens: int) -> bool:
     """Whether a prompt of n_tokens from positions `start` goes one-shot: some layer asks for it,
-    every row starts empty, and the prompt is longer than a budget it would have to fit."""
+    every row starts empty, and the prompt is longer than a layer holds as read: its budget,
+    or its sink and window for a cache that keeps every token (quantized: the rest is stored in
+    int8, so one shot means the prompt is read in the model dtype, then quantized)."""
     region = [c for c in caches if isinstance(c, RegionCache) and c.one_shot]
     return bool(region) and bool((start == 0).all()) and \
-        n_tokens > min(c.sink + c.window + c.middle for c in region)
+        n_tokens > min(c.sink + c.window + (0 if c.keeps_every_token else c.middle)
+                       for c in region)
 
 
 @torch.inference_mode()

@@ -179,6 +179,41 @@ def test_quantized_matches_fake_quant_reference():
     assert (ours - full).abs().max() > 1e-4  # int8 does change the numbers
 
 
+@pytest.mark.parametrize("positions", ["original", "cache"])
+def test_quantized_prompt_chunks_attend_only_over_slots_in_use(monkeypatch, positions):
+    """A prompt chunk of the quantized cache (whose middle spans max_seq_length) attends over
+    the middle slots that can hold a token so far, and its logits are those of attending over
+    the whole static buffer."""
+    from caches.region import RegionCache
+    model = tiny_model()
+    ids = torch.randint(0, 256, (2, 60))
+    pos = torch.arange(60)
+    factory = make_cache_factory("quantized", cache_size=16, sink=4, window=4, chunk=8,
+                                 positions=positions)
+    widths, trim = [], RegionCache.trim
+
+    def spy(self, view):
+        out = trim(self, view)
+        widths.append((view.mask.shape[-1], out.mask.shape[-1]))
+        return out
+
+    def read(trimmed):
+        monkeypatch.setattr(RegionCache, "trim", spy if trimmed else lambda self, view: view)
+        caches = build_caches(model, 2, 256, factory)
+        out = [model(ids[:, c:c + 8], pos[c:c + 8], caches) for c in range(0, 56, 8)]
+        out += [model(ids[:, t:t + 1], pos[t:t + 1], caches) for t in range(56, 60)]
+        return torch.cat(out, dim=1)
+
+    whole, trimmed = read(False), read(True)
+    assert (whole - trimmed).abs().max() < 1e-5
+    chunks = widths[:7 * 2]  # 7 chunks, 2 layers; then the single-token steps
+    capacity = chunks[0][0]
+    # chunk c (positions up to 8c + 7): the 16 fast slots and 8c + 8 - sink - window middle
+    assert [w for _, w in chunks[::2]] == [16 + 8 * c for c in range(7)]
+    assert all(w == capacity for w, _ in chunks)
+    assert all(a == b == capacity for a, b in widths[7 * 2:])  # decode steps are not cut
+
+
 def test_quantized_cache_bytes_about_half_of_full_in_bf16():
     model = tiny_model(head_dim=64, n_head=2, n_kv_heads=1).to(torch.bfloat16)  # the real D
     full = Generator(model, 4096).cache_bytes

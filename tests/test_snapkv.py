@@ -50,6 +50,29 @@ def test_a_long_prompt_is_read_whole_and_held_to_the_budget(name, kv_middle):
     assert all(((c.pos >= 0).sum(-1) <= 32).all() for c in s.caches)
 
 
+def test_quantized_reads_a_prompt_in_one_shot_then_stores_it_in_int8():
+    """The quantized cache keeps every token: one shot reads the prompt as `full` does (exact
+    logits), then holds all of it, the tokens older than the window in int8, as reading it
+    chunk by chunk would place them (layer 0, whose keys do not depend on earlier attention:
+    the same codes, scales and slots)."""
+    one = Session(tiny_model(), make_cache=make_cache_factory(
+        "quantized", cache_size=32, chunk=8, prompt_compression="snapkv"), max_seq_length=256)
+    one.append(PROMPT)
+    chunked = session("quantized", 150)
+    full = Session(tiny_model(), max_seq_length=256)
+    full.append(PROMPT)
+    assert torch.equal(one.logits, full.logits)
+    assert not torch.equal(chunked.logits, full.logits)  # chunk by chunk attends to int8
+    for c in one.caches:
+        held = sorted(c.pos[0, 0][c.pos[0, 0] >= 0].tolist())
+        assert held == list(range(150))
+        assert (c.pos[..., c.n_fast:] >= 0).sum(-1).eq(150 - c.sink - c.window).all()
+    a, b = one.caches[0], chunked.caches[0]
+    for name in ("pos", "k_int8", "v_int8", "k_scale", "v_scale"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert len(one.generate(10).new_ids[0]) == 10
+
+
 def test_the_survivors_are_the_best_voted_by_the_observation_window():
     """Queries aligned with a few keys: those keys take the votes, pooling keeps their
     neighbours, and the vote is the group mean of softmax attention from the last W queries."""
