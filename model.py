@@ -298,11 +298,11 @@ class Transformer(nn.Module):
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        # Set by engine.generation.compile_decode on CPU: one compiled function that runs any
-        # block for single-token steps (regional compilation; prefill shapes stay eager), and
-        # one that runs the final norm and the head for them.
+        # Set by engine.generation.compile_decode on CPU: single-token steps run as one compiled
+        # graph (`step_graph`) in which every block goes through one nested compiled region
+        # (`block_step`: compiled once, stamped out per layer); prompt chunks stay eager.
+        self.step_graph: Optional[Callable] = None
         self.block_step: Optional[Callable] = None
-        self.head_step: Optional[Callable] = None
 
     # Device and activation dtype come from the final norm: a quantized linear holds no float
     # weight to ask.
@@ -327,18 +327,24 @@ class Transformer(nn.Module):
         """
         if input_pos.dim() == 1:
             input_pos = input_pos.view(1, -1).expand(idx.shape[0], -1)
+        if not torch.compiler.is_compiling():
+            if any(c.interval > 1 for c in caches):
+                last = input_pos[:, -1].tolist()  # the caches' pass schedule: decided on the host
+                for cache in caches:
+                    cache.before_step(last)
+            if idx.shape[1] == 1 and self.step_graph is not None:
+                return self.step_graph(self, idx, input_pos, caches)  # one position: out_idx moot
+        return self.run(idx, input_pos, caches, out_idx)
+
+    def run(self, idx: Tensor, input_pos: Tensor, caches, out_idx: Optional[Tensor] = None
+            ) -> Tensor:
+        """forward's work: idx [B, T] at input_pos [B, T] -> logits [B, T', vocab]."""
         x = self.tok_embeddings(idx)
-        if not torch.compiler.is_compiling() and any(c.interval > 1 for c in caches):
-            last = input_pos[:, -1].tolist()  # the caches' pass schedule: decided on the host
-            for cache in caches:
-                cache.before_step(last)
         step = self.block_step if idx.shape[1] == 1 else None
         for layer, cache in zip(self.layers, caches):
             x = step(layer, x, input_pos, cache) if step is not None else layer(x, input_pos, cache)
         if out_idx is not None:
             x = x[:, out_idx]
-        if step is not None and self.head_step is not None:
-            return self.head_step(self.norm, self.output, x)
         return run_head(self.norm, self.output, x)
 
 

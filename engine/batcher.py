@@ -189,7 +189,7 @@ class Batcher:
         self.chunk = prefill_chunk(self.caches)  # None: the full cache, any piece length
         self.prefill_tokens = max(prefill_tokens, self.chunk or 2)
         self.step = decode_logits
-        model.block_step = model.head_step = None
+        model.step_graph = model.block_step = None
         if compile_backend is not None:
             self.step = compile_decode(decode_logits, model, compile_backend, self.caches, slots)
         self.rows = [_Row(b, [row_view(c, b) for c in self.caches]) for b in range(slots)]

@@ -26,7 +26,7 @@ from caches import CacheFactory, build_caches, make_cache_factory
 from caches.snapkv import compresses_whole, prefill_whole
 from caches.region import RegionCache
 from core.errors import UserError
-from model import Transformer, run_head
+from model import Transformer
 from quantize.dense import STREAM_ROWS, stream_compiled_decode
 
 MIN_PREFILL_BUCKET = 16
@@ -64,6 +64,10 @@ def run_block(layer: torch.nn.Module, x: Tensor, input_pos: Tensor, cache) -> Te
     return layer(x, input_pos, cache)
 
 
+def run_step(model: Transformer, idx: Tensor, input_pos: Tensor, caches) -> Tensor:
+    return model.run(idx, input_pos, caches)
+
+
 _COMPRESS = {}  # backend -> RegionCache's compression steps compiled with it (shared by every
 #                session): (token by token, one pass per chunk)
 
@@ -75,16 +79,16 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
 
     CUDA: the whole step in one graph, replayed as a CUDA graph (mode="reduce-overhead"), which
     removes the per-kernel launch cost that dominates small-batch decode.
-    CPU: regional compilation. Every block runs through one compiled `run_block`; the blocks
-    share its graph (parameters and cache buffers are graph inputs), so compiling costs one
-    block (seconds) instead of the whole unrolled model (minutes), and the step is as fast. The
-    embedding lookup, head and sampling stay eager: one large matmul each, nothing to fuse.
-    With at most STREAM_ROWS `rows` a step, the blocks' float linears read a plain copy of their
-    weights as a reduction that Inductor fuses and streams (quantize/dense.py). Prompt chunks
-    of compressing `caches` compress token by token through one compiled step (or in one
-    compiled pass, with bulk prompt compression).
+    CPU: the model's single-token forward (embedding, blocks, head) as one graph, in which
+    every block runs through one nested compiled region (`torch.compiler.nested_compile_region`):
+    the block is compiled once (seconds, not the minutes of the unrolled model) and stamped out
+    per layer, with one guard check and one call a step. Sampling stays eager. With at most
+    STREAM_ROWS `rows` a step, the blocks' float linears (and a tied head) read a plain copy of
+    their weights as a reduction that Inductor fuses and streams (quantize/dense.py). Prompt
+    chunks stay eager; those of compressing `caches` compress token by token through one
+    compiled step (or in one compiled pass, with bulk prompt compression).
     """
-    # One graph per cache policy and batch shape (the block step is one function for all): a
+    # One graph per cache policy and batch shape (the step is one function for all): a
     # process that compiles many of them (bench.py, sweeps) needs more than dynamo's default 8.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     if model.device.type == "cuda":
@@ -96,8 +100,8 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
         return torch.compile(fn, mode="reduce-overhead", fullgraph=True, backend=backend)
     if rows <= STREAM_ROWS:
         stream_compiled_decode(model)
-    model.block_step = torch.compile(run_block, fullgraph=True, dynamic=False, backend=backend)
-    model.head_step = torch.compile(run_head, fullgraph=True, dynamic=False, backend=backend)
+    model.block_step = torch.compiler.nested_compile_region(run_block)
+    model.step_graph = torch.compile(run_step, fullgraph=True, dynamic=False, backend=backend)
     if backend not in _COMPRESS:  # keyed by the backend itself: a test's counter stays alive
         _COMPRESS[backend] = [torch.compile(f, fullgraph=True, dynamic=False, backend=backend)
                               for f in (RegionCache.compress_step, RegionCache.compress_bulk)]
@@ -224,7 +228,7 @@ class Session:
         self.compiled_prefill = compile_prefill
         self.decode_fn = decode_one_token
         self.prefill_fn = prefill
-        model.block_step = model.head_step = None
+        model.step_graph = model.block_step = None
         if compile:
             self.decode_fn = compile_decode(decode_one_token, model, caches=self.caches,
                                             rows=batch_size)

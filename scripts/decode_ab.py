@@ -5,11 +5,13 @@
 One session (budget 256 for a compressing POLICY, bulk prompt compression) reads a CONTEXT-token
 prompt, then the variants take turns, 6 rounds of 24 decode steps each, so that every round
 sees the machine in the same state:
-    reduce        the engine's step: attention through fused reductions, the head compiled
-    sdpa          attention through SDPA / matmuls (model.REDUCE_ROWS = 0), the head compiled
-    eager-head    attention through reductions, the final norm and head eager (oneDNN)
-Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, section 6c,
-records what it measured.
+    graph         the engine's step: one compiled graph a step, every block one nested region
+                  in it, attention through fused reductions
+    sdpa          the same with attention through SDPA / matmuls (model.REDUCE_ROWS = 0)
+    regional      attention through reductions, but each block a compiled call of its own and
+                  the final norm and head eager (oneDNN): the step before the one-graph step
+Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c
+and 6d, record what it measured.
 """
 import statistics
 import sys
@@ -25,7 +27,7 @@ from engine.checkpoint import load_model  # noqa: E402
 from engine.cli import DTYPES  # noqa: E402
 from engine.default_model import resolve_checkpoint  # noqa: E402
 
-VARIANTS = ("reduce", "sdpa", "eager-head")
+VARIANTS = ("graph", "sdpa", "regional")
 
 
 def main(policy: str, context: int, dtype: str) -> None:
@@ -37,11 +39,13 @@ def main(policy: str, context: int, dtype: str) -> None:
     s = G.Session(model, factory, max_seq_length=context + (rounds + 1) * steps * 3 + 64,
                   compile=True)
     s.append(list(range(100, 100 + context)))  # token ids; their text does not matter for speed
-    head = model.head_step
+    graph, nested = model.step_graph, model.block_step
+    regional = torch.compile(G.run_block, fullgraph=True, dynamic=False)
 
     def use(variant: str) -> None:
         M.REDUCE_ROWS = 0 if variant == "sdpa" else 16  # read when a graph is traced
-        model.head_step = None if variant == "eager-head" else head
+        model.step_graph = None if variant == "regional" else graph
+        model.block_step = regional if variant == "regional" else nested
 
     for v in VARIANTS:  # compiles each variant's graph
         use(v)
@@ -52,7 +56,7 @@ def main(policy: str, context: int, dtype: str) -> None:
             use(v)
             g = s.generate(steps)
             ms[v].append(1000 * g.decode_s / (g.new_tokens - 1))
-    use("reduce")
+    use("graph")
     print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")
     for v, m in ms.items():
         print(f"{v:12s} {statistics.median(m):6.2f}   {' '.join(f'{x:.1f}' for x in m)}")

@@ -1,11 +1,12 @@
-"""Probe: the CPU decode step as one compiled graph instead of 30 compiled block calls.
+"""Probe: the CPU decode step as 30 compiled block calls against one compiled graph.
 
     python scripts/decode_graph_probe.py {regional,nested} POLICY DTYPE   # e.g. nested full float32
 
-`regional` is what `engine.generation.compile_decode` does on CPU today (one compiled block step
-called once per layer). `nested` compiles the whole step with fullgraph=True and marks the block
-as a `torch.compiler.nested_compile_region`, so its code is compiled once and stamped out per
-layer inside one graph: one guard check and one wrapper a step instead of 30. Prints compile
+`nested` is what `engine.generation.compile_decode` does on CPU (since section 6d of
+docs/PERFORMANCE.md): the model's single-token forward compiled with fullgraph=True, the block
+a `torch.compiler.nested_compile_region`, so its code is compiled once and stamped out per
+layer inside one graph: one guard check and one wrapper a step. `regional` is the step before
+it: one compiled block step called once per layer, head and sampling eager. Prints compile
 time and the median ms a decode step (5 x 16 tokens after a 1,000-token prompt, 2 threads).
 Not part of the engine: PERFORMANCE.md section 6 records what it measured.
 """
@@ -23,18 +24,16 @@ from core.errors import UserError  # noqa: E402
 from engine.checkpoint import load_model  # noqa: E402
 from engine.cli import DTYPES  # noqa: E402
 from engine.default_model import resolve_checkpoint  # noqa: E402
-from quantize.dense import stream_compiled_decode  # noqa: E402
 
 
 def main(mode: str, policy: str, dtype: str) -> None:
     torch.set_num_threads(2)
     model = load_model(resolve_checkpoint(None), dtype=DTYPES[dtype])
     factory = make_cache_factory(policy, cache_size=256) if policy != "full" else None
-    session = G.Session(model, factory, max_seq_length=2048, compile=(mode == "regional"))
-    if mode == "nested":
-        stream_compiled_decode(model)  # as compile_decode does for one row
-        model.block_step = torch.compiler.nested_compile_region(G.run_block)
-        session.decode_fn = torch.compile(G.decode_one_token, fullgraph=True, dynamic=False)
+    session = G.Session(model, factory, max_seq_length=2048, compile=True)
+    if mode == "regional":
+        model.step_graph = None
+        model.block_step = torch.compile(G.run_block, fullgraph=True, dynamic=False)
     session.append(list(range(100, 1100)))
     t0 = time.perf_counter()
     session.generate(8)  # compiles

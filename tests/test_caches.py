@@ -81,11 +81,11 @@ def test_compiled_decode_never_recompiles(name, region):
     counter = CompileCounter()
     if region == "whole-step":  # the CUDA path
         gen.decode_fn = torch.compile(decode_one_token, backend=counter, fullgraph=True)
-    else:  # the CPU path: both blocks run through one graph (+ the head, + prompt-chunk compression)
-        compile_decode(decode_one_token, model, backend=counter, caches=gen.caches)
+    else:  # the CPU path: one graph a step, both blocks one nested region (+ prompt-chunk
+        compile_decode(decode_one_token, model, backend=counter, caches=gen.caches)  # compression)
     assert gen.generate(list(range(1, 12)), 70).new_ids[0] == expected
     # fill phase and eviction phase share one graph
-    assert counter.frame_count == (1 if region == "whole-step" else 3)
+    assert counter.frame_count == (1 if region == "whole-step" else 2)
 
 
 @pytest.mark.parametrize("name", ["weightedkv", "cam", "quantized"])
@@ -101,13 +101,12 @@ def test_inductor_compiled_policy_matches_eager(name):
     gen.decode_fn = torch.compile(decode_one_token, backend=counter, fullgraph=True)
     assert gen.generate(list(range(1, 12)), 50).new_ids[0] == expected
     assert counter.frame_count == 1
-    # the CPU path: one inductor graph shared by every block
-    model.block_step = None
+    # the CPU path: one inductor graph a step, every block one nested region in it
     gen.decode_fn = decode_one_token
     counter = CompileCounterWithBackend("inductor")
     compile_decode(decode_one_token, model, backend=counter, caches=gen.caches)
     assert gen.generate(list(range(1, 12)), 50).new_ids[0] == expected
-    assert counter.frame_count == 3  # the block step, the head and the chunk's compression step
+    assert counter.frame_count == 2  # the step and the chunk's compression step
 
 
 @pytest.mark.parametrize("name", COMPRESSING)
@@ -533,8 +532,8 @@ def test_bulk_prompt_compression_compiled_matches_eager(name):
     counter = CompileCounterWithBackend("inductor")
     compile_decode(decode_one_token, model, backend=counter, caches=gen.caches)
     assert gen.generate(prompt, 20).new_ids[0] == expected
-    assert counter.frame_count == 3  # the block step, the head and the chunk's bulk pass
-    assert gen.generate(prompt, 20).new_ids[0] == expected and counter.frame_count == 3
+    assert counter.frame_count == 2  # the step and the chunk's bulk pass
+    assert gen.generate(prompt, 20).new_ids[0] == expected and counter.frame_count == 2
     # a prompt within the budget is not compressed at all: bulk and chunked agree exactly
     short = list(range(1, 12))
     assert Generator(model, 256, make_cache=factory).generate(short, 8).new_ids == \
