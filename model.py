@@ -333,7 +333,10 @@ class Transformer(nn.Module):
                 for cache in caches:
                     cache.before_step(last)
             if idx.shape[1] == 1 and self.step_graph is not None:
-                return self.step_graph(self, idx, input_pos, caches)  # one position: out_idx moot
+                # One position: out_idx is moot. Fresh strides: a slice of a longer id tensor
+                # would fail the graph's stride guards and compile it again.
+                idx = idx.clone(memory_format=torch.contiguous_format)
+                return self.step_graph(self, idx, input_pos, caches)
         return self.run(idx, input_pos, caches, out_idx)
 
     def run(self, idx: Tensor, input_pos: Tensor, caches, out_idx: Optional[Tensor] = None
