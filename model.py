@@ -327,17 +327,24 @@ class Transformer(nn.Module):
         """
         if input_pos.dim() == 1:
             input_pos = input_pos.view(1, -1).expand(idx.shape[0], -1)
-        if not torch.compiler.is_compiling():
-            if any(c.interval > 1 for c in caches):
-                last = input_pos[:, -1].tolist()  # the caches' pass schedule: decided on the host
-                for cache in caches:
-                    cache.before_step(last)
+        if torch.compiler.is_compiling():
+            return self.run(idx, input_pos, caches, out_idx)
+        # Caches whose work falls on some positions only pick the step's variant on the host.
+        scheduled = [c for c in caches if c.scheduled]
+        if scheduled:
+            first, last = input_pos[:, 0].tolist(), input_pos[:, -1].tolist()  # one host read
+            for cache in scheduled:
+                cache.before_step(first, last)
+        try:
             if idx.shape[1] == 1 and self.step_graph is not None:
                 # One position: out_idx is moot. Fresh strides: a slice of a longer id tensor
                 # would fail the graph's stride guards and compile it again.
                 idx = idx.clone(memory_format=torch.contiguous_format)
                 return self.step_graph(self, idx, input_pos, caches)
-        return self.run(idx, input_pos, caches, out_idx)
+            return self.run(idx, input_pos, caches, out_idx)
+        finally:
+            for cache in scheduled:
+                cache.after_step()
 
     def run(self, idx: Tensor, input_pos: Tensor, caches, out_idx: Optional[Tensor] = None
             ) -> Tensor:

@@ -2,10 +2,11 @@
 
 Each step, for one layer:
 
-    cache.before_step(last_positions)                # host side, compression_interval > 1 only
+    cache.before_step(first, last)                   # host side, `scheduled` caches only
     view = cache.update(input_pos, q, k, v)          # rotate, store, say what to attend over
     y, probs = attend(view, need_probs=cache.wants_probs)
     cache.commit(input_pos, probs)                   # statistics and compression happen here
+    cache.after_step()                               # host side, `scheduled` caches only
 
 `update` takes this step's un-rotated q [B, H, T, D] and k/v [B, Hkv, T, D] at positions
 input_pos [B, T] (each row at its own position), applies RoPE at the positions it chooses,
@@ -51,7 +52,7 @@ class KVCache(nn.Module):
     #                            changes nothing the stream reads (continuous batching relies on it)
     description = ""      # one line for --list_caches
     options: dict = {}    # policy options (name -> default) a policy accepts
-    interval = 1          # compression_interval: > 1 asks for before_step on the host
+    interval = 1          # compression_interval (> 1: compress in one pass every k positions)
 
     @classmethod
     def check_options(cls, window: int, **options) -> None:
@@ -72,9 +73,25 @@ class KVCache(nn.Module):
     def commit(self, input_pos: Tensor, probs) -> None:
         """After attention: probs [B, Hkv, G, T, S] (float32) if `wants_probs`, else None."""
 
-    def before_step(self, last: list) -> None:
-        """Host side, before an eager step whose rows end at positions `last` (called only
-        when `interval` > 1; a whole-step graph never calls it)."""
+    @property
+    def scheduled(self) -> bool:
+        """Whether some of this cache's work falls on some positions only (a compression
+        interval), so that the host tells it each step's positions (`before_step`) and the
+        compiled step has a variant without that work."""
+        return self.interval > 1
+
+    def before_step(self, first: list, last: list) -> None:
+        """Host side, before a step whose rows run from positions `first` to `last` (called
+        by Transformer.forward for `scheduled` caches): choose the step's work by position."""
+
+    def after_step(self) -> None:
+        """Host side, after the step: back to doing every position's work, which is what a
+        graph compiled around the whole step (it never calls the host hooks) must do."""
+
+    def warmup_positions(self) -> tuple:
+        """Positions, beyond 0 and 1, at which a step first takes another variant of the
+        compiled step (a warm-up steps through them so that no compile lands in a timing)."""
+        return ()
 
     def reset(self) -> None:
         raise NotImplementedError

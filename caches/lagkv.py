@@ -18,6 +18,11 @@ class LagKVCache(RegionCache):
 
     State: lag_score [B, Hkv, C], keep [B, Hkv, C] (1 = selected). Options: lag L (default
     window // 2), lag_keep_ratio (default 0.5).
+
+    A partition is scored at one position in L, so the host tells a decode step whether it
+    completes one in some row (`before_step`): the compiled step has a variant without the
+    scoring for the other L - 1 positions (the scoring is masked by row either way). Prompt
+    chunks always score (one compiled compression step serves them).
     """
     stats = ("lag_score", "keep")
     options = {"lag": None, "lag_keep_ratio": 0.5}
@@ -32,13 +37,35 @@ class LagKVCache(RegionCache):
         if not 0 < lag_keep_ratio <= 1:  # NaN fails too
             raise UserError(f"`lag_keep_ratio` must be in (0, 1], got {lag_keep_ratio}")
 
+    scheduled = True
+
     def __init__(self, *args, lag=None, lag_keep_ratio: float = 0.5, **kw):
         super().__init__(*args, **kw)
         self.lag_len = int(lag) if lag is not None else self.window // 2
         self.n_keep = max(1, math.ceil(lag_keep_ratio * self.lag_len))
+        self.scoring = True  # this step may complete a partition (host-set)
+
+    def completes(self, p: int) -> bool:
+        """Whether the token at position p completes a partition with a predecessor."""
+        done = p - self.sink + 1
+        return done % self.lag_len == 0 and done >= 2 * self.lag_len
+
+    def before_step(self, first: list, last: list) -> None:
+        super().before_step(first, last)
+        self.scoring = any(a != b or self.completes(b) for a, b in zip(first, last))
+
+    def after_step(self) -> None:
+        super().after_step()
+        self.scoring = True
+
+    def warmup_positions(self) -> tuple:
+        first = 2 * self.lag_len + self.sink - 1
+        reachable = self.unbounded or first < self.rope.shape[0]
+        return super().warmup_positions() + ((first,) if reachable else ())
 
     def before_compress(self, cur: Tensor) -> None:
-        self.score_partition(cur, True)
+        if self.scoring:
+            self.score_partition(cur, True)
 
     def before_bulk(self, cur: Tensor) -> None:
         self.score_completed(cur, self.chunk)

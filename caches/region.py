@@ -40,8 +40,9 @@ k (at most `chunk`), in one bulk pass after each token whose position p has (p +
 the tokens that left the window since the last pass wait in the ring's staging slots (the same
 `chunk` slots a prompt chunk uses) and are attended until the pass. The schedule follows the
 positions, so it survives batching, row views and saved sessions; the host decides it once a
-step (`before_step`: the graph has one variant that passes and one that does not). Before a
-prompt chunk is written, the tokens still waiting are compressed in one pass.
+step (`before_step`: the graph has one variant that passes and one that does not; a graph
+compiled around the whole step never hears from the host and passes every step, masked by
+row). Before a prompt chunk is written, the tokens still waiting are compressed in one pass.
 """
 from __future__ import annotations
 
@@ -200,8 +201,14 @@ class RegionCache(KVCache):
             self.v_mid.copy_(torch.where(do_mid, mid.to(self.v.dtype), self.v_mid))
 
     # ---- the contract ------------------------------------------------------------------------
-    def before_step(self, last: list) -> None:
+    def before_step(self, first: list, last: list) -> None:
         self.due = any((p + 1) % self.interval == 0 for p in last)
+
+    def after_step(self) -> None:
+        self.due = True
+
+    def warmup_positions(self) -> tuple:
+        return (self.interval - 1,) if self.interval > 1 else ()
 
     def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> KVView:
         B, H, T, D = k.shape

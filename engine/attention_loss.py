@@ -34,11 +34,22 @@ class LossProbe(KVCache):
         self.full = full
         self.shadows = torch.nn.ModuleList(shadows)
         self.steps: list = []  # per step: loss [n_shadows, B]
-        self.interval = max(s.interval for s in shadows)
 
-    def before_step(self, last: list) -> None:
+    @property
+    def scheduled(self) -> bool:
+        return any(s.scheduled for s in self.shadows)
+
+    def before_step(self, first: list, last: list) -> None:
         for s in self.shadows:
-            s.before_step(last)
+            if s.scheduled:
+                s.before_step(first, last)
+
+    def after_step(self) -> None:
+        for s in self.shadows:
+            s.after_step()
+
+    def warmup_positions(self) -> tuple:
+        return tuple(p for s in self.shadows for p in s.warmup_positions())
 
     def update(self, input_pos, q, k, v):
         for s in self.shadows:  # each stores and rotates as it would alone

@@ -111,10 +111,11 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     return fn
 
 
-def warmup_positions(caches) -> range:
-    """Positions a warm-up steps through: two (the second confirms the graph is reused), or up
-    to the first pass of a compression interval, so both of its graph variants compile."""
-    return range(max(2, *(c.interval for c in caches)))
+def warmup_positions(caches) -> list:
+    """Positions a warm-up steps through: 0 and 1 (the second confirms the graph is reused),
+    then each position where a cache's step first takes another variant (the first pass of a
+    compression interval, LagKV's first partition scoring), so every variant compiles."""
+    return sorted({0, 1}.union(*(c.warmup_positions() for c in caches)))
 
 
 def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_seq_length: int,

@@ -17,7 +17,7 @@ from caches.a2sf import A2SFCache
 from caches.weightedkv import WeightedKVCache
 from conftest import tiny_model
 from core.errors import UserError
-from engine.generation import Generator, compile_decode, decode_one_token
+from engine.generation import Generator, Session, compile_decode, decode_one_token
 from model import KVView, rope_table
 from quantize.kv import dequantize_int8, quantize_int8
 
@@ -84,8 +84,10 @@ def test_compiled_decode_never_recompiles(name, region):
     else:  # the CPU path: one graph a step, both blocks one nested region (+ prompt-chunk
         compile_decode(decode_one_token, model, backend=counter, caches=gen.caches)  # compression)
     assert gen.generate(list(range(1, 12)), 70).new_ids[0] == expected
-    # fill phase and eviction phase share one graph
-    assert counter.frame_count == (1 if region == "whole-step" else 2)
+    # fill phase and eviction phase share one graph (LagKV: a step with partition scoring and
+    # one without)
+    steps = 2 if name == "lagkv" else 1
+    assert counter.frame_count == (1 if region == "whole-step" else steps + 1)
 
 
 @pytest.mark.parametrize("name", ["weightedkv", "cam", "quantized"])
@@ -211,6 +213,57 @@ def test_quantized_prompt_chunks_attend_only_over_slots_in_use(monkeypatch, posi
     assert [w for _, w in chunks[::2]] == [16 + 8 * c for c in range(7)]
     assert all(w == capacity for w, _ in chunks)
     assert all(a == b == capacity for a, b in widths[7 * 2:])  # decode steps are not cut
+
+
+def test_lagkv_scores_partitions_only_at_steps_that_complete_one(monkeypatch):
+    """The host tells LagKV which decode steps complete a partition (each row on its own
+    positions; prompt chunks always score); the other steps skip the scoring, and every
+    statistic and slot is what scoring at every step gives."""
+    from caches.lagkv import LagKVCache
+    model = tiny_model()
+    factory = make_cache_factory("lagkv", cache_size=BUDGET, chunk=8)
+    rows = [list(range(1, 30)), list(range(5, 16))]  # rows at different positions
+
+    def run():
+        s = Session(model, factory, max_seq_length=256, batch_size=2)
+        s.append(rows)
+        s.generate(60)
+        return s
+
+    calls, before = [], LagKVCache.before_step
+
+    def spy(self, first, last):
+        before(self, first, last)
+        if self.layer_id == 0:
+            calls.append((first, last, self.scoring))
+    monkeypatch.setattr(LagKVCache, "before_step", spy)
+    scheduled = run()
+    c = scheduled.caches[0]
+    completes = lambda p: (p - c.sink + 1) % c.lag_len == 0 and p - c.sink + 1 >= 2 * c.lag_len  # noqa: E731
+    assert all(on == any(a != b or completes(b) for a, b in zip(first, last))
+               for first, last, on in calls)
+    assert sum(on for _, _, on in calls) >= 2 and not all(on for _, _, on in calls)
+    assert all(c.scoring for c in scheduled.caches)  # back to every step after each step
+    monkeypatch.setattr(LagKVCache, "scheduled", False)  # the host never says: every step scores
+    every = run()
+    for a, b in zip(scheduled.caches, every.caches):
+        for name, x in a.state().items():
+            assert torch.equal(x, b.state()[name]), name
+
+
+def test_a_warm_up_compiles_lagkv_with_and_without_scoring():
+    """Timings exclude compilation: Session.warmup steps to LagKV's first scoring position."""
+    torch._dynamo.reset()
+    model = tiny_model()
+    counter = CompileCounter()
+    s = Session(model, make_cache_factory("lagkv", cache_size=BUDGET, chunk=8), 256)
+    s.decode_fn = compile_decode(decode_one_token, model, backend=counter, caches=s.caches)
+    s.warmup()
+    frames = counter.frame_count
+    assert frames == 3  # the step with and without scoring, a chunk's compression step
+    s.append(list(range(1, 30)))
+    s.generate(80)
+    assert counter.frame_count == frames
 
 
 def test_quantized_cache_bytes_about_half_of_full_in_bf16():
@@ -532,8 +585,9 @@ def test_bulk_prompt_compression_compiled_matches_eager(name):
     counter = CompileCounterWithBackend("inductor")
     compile_decode(decode_one_token, model, backend=counter, caches=gen.caches)
     assert gen.generate(prompt, 20).new_ids[0] == expected
-    assert counter.frame_count == 2  # the step and the chunk's bulk pass
-    assert gen.generate(prompt, 20).new_ids[0] == expected and counter.frame_count == 2
+    frames = 3 if name == "lagkv" else 2  # the step (LagKV: with and without scoring), the pass
+    assert counter.frame_count == frames
+    assert gen.generate(prompt, 20).new_ids[0] == expected and counter.frame_count == frames
     # a prompt within the budget is not compressed at all: bulk and chunked agree exactly
     short = list(range(1, 12))
     assert Generator(model, 256, make_cache=factory).generate(short, 8).new_ids == \

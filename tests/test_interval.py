@@ -120,6 +120,21 @@ def test_interval_one_is_the_default_and_bad_values_are_refused():
     assert [f.spec.get("compression_interval") for _, _, f in layered.plan(2)] == [4, None]
 
 
+@pytest.mark.parametrize("name", ["weightedkv", "lagkv"])
+def test_a_graph_compiled_around_the_whole_step_passes_every_step(name):
+    """A graph compiled around the whole step (the CUDA path) never hears from the host: after
+    an eager step the caches are back to every position's work, so the graph passes each step
+    (masked by row) and gives the eager tokens, whatever the prompt's last step decided."""
+    torch._dynamo.reset()
+    model = tiny_model()
+    prompt = list(range(1, 30))  # chunks, then single eager steps at positions 24..28
+    f = factory(name, 4)
+    expected = Generator(model, max_seq_length=256, make_cache=f).generate(prompt, 40).new_ids[0]
+    gen = Generator(model, max_seq_length=256, make_cache=f)
+    gen.decode_fn = torch.compile(decode_one_token, backend="eager", fullgraph=True)
+    assert gen.generate(prompt, 40).new_ids[0] == expected
+
+
 def test_a_warm_up_compiles_both_variants():
     """Timings exclude compilation: after Session.warmup nothing compiles (the pass variant
     first runs k - 1 steps in)."""
