@@ -162,7 +162,8 @@ def add_cache_arguments(p) -> None:
                         "token by token, in order), bulk (one pass per chunk: the lowest-"
                         "scored tokens go at once; a faster first token) or snapkv (a prompt "
                         "over the budget is read whole and compressed once, by the attention "
-                        "of its last --observation_window tokens)")
+                        "of its last --observation_window tokens; quantized: read whole, then "
+                        "stored in int8 past the window)")
     p.add_argument("--compression_interval", type=positive_int, default=None,
                    help="decode compresses in one bulk pass every N tokens instead of after "
                         "each (default 1; at most --prefill_chunk): the tokens waiting for a "

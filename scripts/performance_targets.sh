@@ -13,6 +13,9 @@ ALL=streaming,h2o,tova,a2sf,weightedkv,weightedkv-evict,cam,lagkv,knorm,keydiff,
 run targets-f32 --contexts 1024,4096 --cache full,$ALL --cache_size 256 --new_tokens 24 --repeats 2 --compile on
 # 2: time to first token at 4k with bulk prompt compression and 128-token chunks
 run targets-bulk-4k --contexts 4096 --cache $ALL --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on
+# 2, 3: quantized's first token and decode at 4k, chunk by chunk and read in one shot (section 6d)
+run quantized-4k --contexts 4096 --cache full,quantized --cache_size 256 --new_tokens 8 --repeats 2 --compile on
+run quantized-snapkv-4k --contexts 4096 --cache quantized --cache_size 256 --prompt_compression snapkv --new_tokens 8 --repeats 2 --compile on
 # 2: full's time to first token at 4k against transformers in the same run
 run targets-prefill-peer --contexts 4096 --cache full --new_tokens 8 --repeats 2 --compile on --peer transformers
 # 1 again, interleaved: every policy against streaming, turn by turn (section 6b), and with a
@@ -23,7 +26,7 @@ for ctx in 1024 4096; do
     streaming:8,h2o,h2o:8,tova,a2sf,weightedkv,weightedkv:8,weightedkv-evict,cam,lagkv,knorm,keydiff \
     > "$out/interleaved-overhead-$ctx.txt"
 done
-# 4: the compiled step's attention (reductions against SDPA) and head, A/B (section 6c)
+# 4: the compiled step: one graph against SDPA attention and against a compiled call per block, A/B (sections 6c, 6d)
 python scripts/decode_ab.py full 1024 > "$out/ab-full-1024-f32.txt"
 python scripts/decode_ab.py full 1024 bfloat16 > "$out/ab-full-1024-bf16.txt"
 python scripts/decode_ab.py weightedkv 4096 > "$out/ab-weightedkv-4096-f32.txt"
