@@ -2,7 +2,7 @@
 # The measurements behind docs/PERFORMANCE.md section 6 (compression that pays for itself), one
 # JSON file each under docs/perf/<machine>/ (default: docs/perf/zen4). Run on an idle machine.
 # The llama.cpp rows need llama-cpp-python (pip install llama-cpp-python==0.3.36; it compiles
-# llama.cpp, about 45 minutes on 2 cores); without it those two runs are skipped with a note.
+# llama.cpp: 10 to 45 minutes on 2 cores); without it those two runs are skipped with a note.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/perf/${1:-zen4}
