@@ -298,9 +298,10 @@ class Transformer(nn.Module):
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        # Set by engine.generation.compile_decode on CPU: single-token steps run as one compiled
-        # graph (`step_graph`) in which every block goes through one nested compiled region
-        # (`block_step`: compiled once, stamped out per layer); prompt chunks stay eager.
+        # Set by engine.generation.compile_decode: in a compiled single-token step every block
+        # goes through one nested compiled region (`block_step`: compiled once, stamped out per
+        # layer). On CPU that step is `step_graph`, one graph a step; on CUDA the whole step,
+        # sampling included, is compiled around `forward`. Prompt chunks stay eager.
         self.step_graph: Optional[Callable] = None
         self.block_step: Optional[Callable] = None
 

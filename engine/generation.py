@@ -73,25 +73,38 @@ _COMPRESS = {}  # backend -> RegionCache's compression steps compiled with it (s
 
 
 def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=(),
-                   rows: int = 1) -> Callable:
+                   rows: int = 1, whole_step: Optional[bool] = None) -> Callable:
     """Compile a single-token step function `fn(model, caches, token, input_pos, ...)` for the
-    model's device.
+    model's device. In both forms every block runs through one nested compiled region
+    (`torch.compiler.nested_compile_region`): compiled once and stamped out per layer, so
+    compiling takes seconds, not the minutes of 30 unrolled blocks with their compression.
 
-    CUDA: the whole step in one graph, replayed as a CUDA graph (mode="reduce-overhead"), which
-    removes the per-kernel launch cost that dominates small-batch decode.
-    CPU: the model's single-token forward (embedding, blocks, head) as one graph, in which
-    every block runs through one nested compiled region (`torch.compiler.nested_compile_region`):
-    the block is compiled once (seconds, not the minutes of the unrolled model) and stamped out
-    per layer, with one guard check and one call a step. Sampling stays eager. With at most
+    whole_step (the default on CUDA): `fn` itself, sampling included, is one graph, replayed as
+    a CUDA graph (mode="reduce-overhead"), which removes the per-kernel launch cost that
+    dominates small-batch decode.
+    Otherwise (CPU): the model's single-token forward (embedding, blocks, head) is one graph,
+    with one guard check and one call a step, and sampling stays eager. With at most
     STREAM_ROWS `rows` a step, the blocks' float linears (and a tied head) read a plain copy of
-    their weights as a reduction that Inductor fuses and streams (quantize/dense.py). Prompt
-    chunks stay eager; those of compressing `caches` compress token by token through one
-    compiled step (or in one compiled pass, with bulk prompt compression).
+    their weights as a reduction that Inductor fuses and streams (quantize/dense.py).
+    Prompt chunks stay eager; those of compressing `caches` compress token by token through one
+    compiled step (or in one compiled pass, with bulk prompt compression), on either device.
     """
     # One graph per cache policy and batch shape (the step is one function for all): a
     # process that compiles many of them (bench.py, sweeps) needs more than dynamo's default 8.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    if model.device.type == "cuda":
+    if whole_step is None:
+        whole_step = model.device.type == "cuda"
+    model.block_step = torch.compiler.nested_compile_region(run_block)
+    if backend not in _COMPRESS:  # keyed by the backend itself: a test's counter stays alive
+        _COMPRESS[backend] = [torch.compile(f, fullgraph=True, dynamic=False, backend=backend)
+                              for f in (RegionCache.compress_step, RegionCache.compress_bulk)]
+    for cache in caches:
+        if isinstance(cache, RegionCache):
+            cache.compiled_compress, cache.compiled_bulk = _COMPRESS[backend]
+    if whole_step:
+        model.step_graph = None
+        if model.device.type != "cuda":  # a graph traced whole, as CUDA's, without CUDA graphs
+            return torch.compile(fn, fullgraph=True, dynamic=False, backend=backend)
         # The caches are inputs of the graph, written in place: their buffers keep fixed
         # addresses, so the CUDA graph reads and writes them directly instead of copying.
         for cache in caches:
@@ -100,14 +113,7 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
         return torch.compile(fn, mode="reduce-overhead", fullgraph=True, backend=backend)
     if rows <= STREAM_ROWS:
         stream_compiled_decode(model)
-    model.block_step = torch.compiler.nested_compile_region(run_block)
     model.step_graph = torch.compile(run_step, fullgraph=True, dynamic=False, backend=backend)
-    if backend not in _COMPRESS:  # keyed by the backend itself: a test's counter stays alive
-        _COMPRESS[backend] = [torch.compile(f, fullgraph=True, dynamic=False, backend=backend)
-                              for f in (RegionCache.compress_step, RegionCache.compress_bulk)]
-    for cache in caches:
-        if isinstance(cache, RegionCache):
-            cache.compiled_compress, cache.compiled_bulk = _COMPRESS[backend]
     return fn
 
 

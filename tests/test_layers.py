@@ -97,9 +97,12 @@ def test_mixed_layers_each_hold_their_own_policy_and_budget():
     assert torch.isfinite(logits).all() and len(ids) == 30
 
 
-def test_a_plan_compiles_one_block_graph_per_distinct_layer_shape():
+@pytest.mark.parametrize("whole_step", [False, True])
+def test_a_plan_compiles_one_block_graph_per_distinct_layer_shape(whole_step):
     """The decode step stays one compiled graph: in it, each distinct (policy, regions) shape of
-    layer is one nested block region, and decoding never recompiles."""
+    layer is one nested block region, and decoding never recompiles. Both forms: the CPU's
+    single-token forward, and CUDA's whole step with sampling (traced here without CUDA
+    graphs), which unrolled took minutes to compile with compression in every block."""
     torch._dynamo.reset()
     model = tiny_model(n_layer=8)
     factory = make_cache_factory("weightedkv", cache_size=24, chunk=8, budget_pattern="pyramid")
@@ -112,7 +115,8 @@ def test_a_plan_compiles_one_block_graph_per_distinct_layer_shape():
     def backend(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
-    compile_decode(decode_one_token, model, backend=backend, caches=gen.caches)
+    gen.decode_fn = compile_decode(decode_one_token, model, backend=backend, caches=gen.caches,
+                                   whole_step=whole_step)
     assert gen.generate(list(range(1, 6)), 40).new_ids[0] == expected  # prompt < chunk
     gen.generate(list(range(1, 6)), 40)
     assert len(graphs) == 1
