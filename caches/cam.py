@@ -79,7 +79,7 @@ class CaMCache(RegionCache):
         idx = nxt.unsqueeze(-1).expand(B, H, m, D)
         old = self.v_fast.gather(2, idx)
         add = (merge.unsqueeze(-1) & follows).unsqueeze(-1)
-        put_slots(self.v_fast, idx,
+        put_slots(self.v, idx,  # the fast slots start at slot 0 of v
                   torch.where(add, (old.float() + share.unsqueeze(2)).to(old.dtype), old))
         self.evict(victim, do)
 

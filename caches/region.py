@@ -110,7 +110,10 @@ class RegionCache(KVCache):
         buf("rng_key", torch.tensor([(seed * 1_000_003 + layer_id) * 2_654_435_761 % 2**61]),
             persistent=False)
 
-    # The regions as views (in-place writes reach the buffers).
+    # The regions as views, for reading. Writes go through the buffer that holds the region
+    # (self.k / self.v with the slot offset: `put_mid`): Inductor writes a buffer of the graph
+    # in place, but a write through a view of one copies the view out and back, a read and a
+    # write of the whole region at every step.
     @property
     def k_fast(self) -> Tensor:
         return self.k[:, :, :self.n_fast]
@@ -126,6 +129,13 @@ class RegionCache(KVCache):
     @property
     def v_mid(self) -> Tensor:
         return self.v_int8 if self.middle_int8 else self.v[:, :, self.n_fast:]
+
+    def put_mid(self, kv: str, index: Tensor, src) -> None:
+        """put_slots into the middle of K or V (kv: "k" or "v"), index in middle slots."""
+        if self.middle_int8:
+            put_slots(getattr(self, kv + "_int8"), index, src)
+        else:
+            put_slots(getattr(self, kv), index + self.n_fast, src)
 
     # ---- slots -------------------------------------------------------------------------------
     def fast_slot(self, positions: Tensor) -> Tensor:
@@ -173,32 +183,32 @@ class RegionCache(KVCache):
         value = value.unsqueeze(2)
         f = g.clamp(max=self.n_fast - 1).unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, D)
         old = self.v_fast.gather(2, f)
-        put_slots(self.v_fast, f, torch.where(do & is_fast, value.to(old.dtype), old))
+        put_slots(self.v, f, torch.where(do & is_fast, value.to(old.dtype), old))  # fast: from 0
         m = (g - self.n_fast).clamp(min=0).unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, D)
         old = self.v_mid.gather(2, m)
         keep = do & ~is_fast
         if self.middle_int8:
             q, s = quantize_int8(value)
-            put_slots(self.v_mid, m, torch.where(keep, q, old))
+            self.put_mid("v", m, torch.where(keep, q, old))
             old_s = self.v_scale.gather(2, m[..., :1])
             put_slots(self.v_scale, m[..., :1], torch.where(keep, s, old_s))
         else:
-            put_slots(self.v_mid, m, torch.where(keep, value.to(old.dtype), old))
+            self.put_mid("v", m, torch.where(keep, value.to(old.dtype), old))
 
     def write_all_v(self, value: Tensor, do: Tensor) -> None:
         """Write value [B, H, C, D] (float32) at every global slot where do [B, H, C]: one pass
         over the buffers, for updates of many slots at once (no scatter, so no two writes of
         one slot can race)."""
         do = do.unsqueeze(-1)
+        if not self.middle_int8:  # one buffer holds both regions
+            self.v.copy_(torch.where(do, value.to(self.v.dtype), self.v))
+            return
         fast = value[:, :, :self.n_fast]
-        self.v_fast.copy_(torch.where(do[:, :, :self.n_fast], fast.to(self.v.dtype), self.v_fast))
+        self.v.copy_(torch.where(do[:, :, :self.n_fast], fast.to(self.v.dtype), self.v))
         mid, do_mid = value[:, :, self.n_fast:], do[:, :, self.n_fast:]
-        if self.middle_int8:
-            q, s = quantize_int8(mid)
-            self.v_mid.copy_(torch.where(do_mid, q, self.v_mid))
-            self.v_scale.copy_(torch.where(do_mid, s, self.v_scale))
-        else:
-            self.v_mid.copy_(torch.where(do_mid, mid.to(self.v.dtype), self.v_mid))
+        q, s = quantize_int8(mid)
+        self.v_int8.copy_(torch.where(do_mid, q, self.v_int8))
+        self.v_scale.copy_(torch.where(do_mid, s, self.v_scale))
 
     # ---- the contract ------------------------------------------------------------------------
     def before_step(self, first: list, last: list) -> None:
@@ -219,8 +229,8 @@ class RegionCache(KVCache):
         slots = self.fast_slot(input_pos)  # [B, T]
         if self.positions == "original":
             q, k = self.rotate(q, input_pos), self.rotate(k, input_pos)
-        scatter_tokens(self.k_fast, slots, k)
-        scatter_tokens(self.v_fast, slots, v)
+        scatter_tokens(self.k, slots, k)  # fast slots, which start at slot 0
+        scatter_tokens(self.v, slots, v)
         per_head = slots.unsqueeze(1).expand(B, H, T)
         put_slots(self.pos, per_head, input_pos.unsqueeze(1).expand(B, H, T).to(torch.int32))
         for name in self.stats:  # a new token starts from zero statistics
@@ -329,13 +339,13 @@ class RegionCache(KVCache):
         # The spare slot is empty: writing it unconditionally is harmless when nothing moves.
         if self.middle_int8:
             (kq, ks), (vq, vs) = quantize_int8(k), quantize_int8(v)
-            put_slots(self.k_mid, idx, kq)
-            put_slots(self.v_mid, idx, vq)
+            self.put_mid("k", idx, kq)
+            self.put_mid("v", idx, vq)
             put_slots(self.k_scale, idx[..., :1], ks)
             put_slots(self.v_scale, idx[..., :1], vs)
         else:
-            put_slots(self.k_mid, idx, k)
-            put_slots(self.v_mid, idx, v)
+            self.put_mid("k", idx, k)
+            self.put_mid("v", idx, v)
         g = (spare + self.n_fast).unsqueeze(-1)  # [B, H, 1]
         r = ring.view(B, 1, 1).expand(B, H, 1)
         moving = moving.view(B, 1, 1)
@@ -399,12 +409,13 @@ class RegionCache(KVCache):
         if self.middle_int8:
             for (q, s), buf, scale in ((quantize_int8(k), self.k_mid, self.k_scale),
                                        (quantize_int8(v), self.v_mid, self.v_scale)):
-                put_slots(buf, d4, torch.where(ok4, q, buf.gather(2, d4)))
+                put_slots(buf, d4, torch.where(ok4, q, buf.gather(2, d4)))  # own buffers
                 d1, ok1 = d4[..., :1], ok4[..., :1]
                 put_slots(scale, d1, torch.where(ok1, s, scale.gather(2, d1)))
         else:
-            for x, buf in ((k, self.k_mid), (v, self.v_mid)):
-                put_slots(buf, d4, torch.where(ok4, x, buf.gather(2, d4)))
+            for kv, x in (("k", k), ("v", v)):
+                mid = getattr(self, kv + "_mid")
+                self.put_mid(kv, d4, torch.where(ok4, x, mid.gather(2, d4)))
         g = dst + self.n_fast
         for name in ("pos", *self.stats):
             stat = getattr(self, name)
