@@ -40,6 +40,7 @@ def region_at(rev: str):
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("region_at_rev", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dynamo looks the module up by name
     spec.loader.exec_module(module)
     return module.RegionCache
 
