@@ -30,6 +30,16 @@ done
 python scripts/decode_ab.py full 1024 > "$out/ab-full-1024-f32.txt"
 python scripts/decode_ab.py full 1024 bfloat16 > "$out/ab-full-1024-bf16.txt"
 python scripts/decode_ab.py weightedkv 4096 > "$out/ab-weightedkv-4096-f32.txt"
+# 1 in bfloat16, interleaved (section 6e)
+for ctx in 1024 4096; do
+  python scripts/interleaved_overhead.py $ctx h2o,tova,a2sf,weightedkv,weightedkv-evict,cam,lagkv,knorm,keydiff bfloat16 \
+    > "$out/interleaved-$ctx-bf16.txt"
+done
+# 6 (its compile time, traced on CPU): the whole-step graph, nested blocks against unrolled (section 6e)
+for p in full weightedkv; do
+  python scripts/whole_step_compile.py $p
+  python scripts/whole_step_compile.py $p unrolled
+done > "$out/whole-step-compile.txt"
 # 1 in bfloat16; 3: an INT8 middle against the same policy without
 run targets-bf16 --dtype bfloat16 --contexts 1024,4096 --cache full,streaming,weightedkv --cache_size 256 --new_tokens 24 --repeats 2 --compile on
 run targets-int8-middle --contexts 1024,4096 --cache h2o,weightedkv --kv_middle int8 --cache_size 256 --new_tokens 24 --repeats 2 --compile on
