@@ -409,7 +409,7 @@ class RegionCache(KVCache):
         if self.middle_int8:
             for (q, s), buf, scale in ((quantize_int8(k), self.k_mid, self.k_scale),
                                        (quantize_int8(v), self.v_mid, self.v_scale)):
-                put_slots(buf, d4, torch.where(ok4, q, buf.gather(2, d4)))  # own buffers
+                put_slots(buf, d4, torch.where(ok4, q, buf.gather(2, d4)))  # k_int8 / v_int8
                 d1, ok1 = d4[..., :1], ok4[..., :1]
                 put_slots(scale, d1, torch.where(ok1, s, scale.gather(2, d1)))
         else:

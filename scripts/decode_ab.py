@@ -47,17 +47,23 @@ def main(policy: str, context: int, dtype: str) -> None:
         model.step_graph = None if variant == "regional" else graph
         model.block_step = regional if variant == "regional" else nested
 
-    for v in VARIANTS:  # compiles each variant's graph
+    print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")
+    interleave(s, VARIANTS, use, rounds, steps)
+    use("graph")
+
+
+def interleave(s: G.Session, variants, use, rounds: int, steps: int) -> None:
+    """Each variant (after `use(variant)`) decodes `steps` steps from session s in turn, for
+    `rounds` rounds, after a warm-up that compiles its graph; prints the median ms a step."""
+    for v in variants:
         use(v)
         s.generate(4)
-    ms = {v: [] for v in VARIANTS}
+    ms = {v: [] for v in variants}
     for _ in range(rounds):
-        for v in VARIANTS:
+        for v in variants:
             use(v)
             g = s.generate(steps)
             ms[v].append(1000 * g.decode_s / (g.new_tokens - 1))
-    use("graph")
-    print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")
     for v, m in ms.items():
         print(f"{v:12s} {statistics.median(m):6.2f}   {' '.join(f'{x:.1f}' for x in m)}")
 

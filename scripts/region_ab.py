@@ -11,7 +11,6 @@ compiled graph. Prints the median ms a step of each. A probe, not part of the en
 figures it gave are in docs/PERFORMANCE.md, section 6e.
 """
 import importlib.util
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from caches import POLICIES, make_cache_factory  # noqa: E402
+from decode_ab import interleave  # noqa: E402  (scripts/, the script's own folder)
 from caches.region import RegionCache  # noqa: E402
 from engine import generation as G  # noqa: E402
 from engine.checkpoint import load_model  # noqa: E402
@@ -66,19 +66,9 @@ def main(rev: str, policy: str, context: int, dtype: str) -> None:
             setattr(RegionCache, name, fn)
         model.step_graph = graphs[v]
 
-    for v in methods:
-        use(v)
-        s.generate(4)
-    ms = {v: [] for v in methods}
-    for _ in range(rounds):
-        for v in methods:
-            use(v)
-            g = s.generate(steps)
-            ms[v].append(1000 * g.decode_s / (g.new_tokens - 1))
-    use("tree")
     print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")
-    for v, m in ms.items():
-        print(f"{v:12s} {statistics.median(m):6.2f}   {' '.join(f'{x:.1f}' for x in m)}")
+    interleave(s, list(methods), use, rounds, steps)
+    use("tree")
 
 
 if __name__ == "__main__":
