@@ -630,3 +630,24 @@ def test_cache_positions_stream_beyond_max_seq_length():
     original = Generator(model, 64, make_cache=make_cache_factory("weightedkv", cache_size=16,
                                                                    chunk=8))
     assert original.generate(list(range(1, 11)), 200).new_tokens == 64 - 10  # positions run out
+
+
+@pytest.mark.parametrize("name", ["streaming", "weightedkv", "cam"])
+def test_a_compiled_step_copies_no_region_of_the_cache(name):
+    """Inductor writes a buffer of the graph in place, but a write through a slice of one (a
+    region: k_fast, v_mid, ...) copies the slice out and back at every step. The compiled step
+    allocates nothing of a region's shape: its writes go through the whole buffer."""
+    import re
+    from torch._inductor.utils import run_and_get_code
+    torch._dynamo.reset()
+    model = tiny_model(n_layer=2)
+    s = Session(model, make_cache_factory(name, cache_size=24, chunk=8), max_seq_length=256)
+    s.append(list(range(1, 40)))  # past the budget: every step compresses
+    s.decode_fn = compile_decode(decode_one_token, model, caches=s.caches)
+    _, code = run_and_get_code(s.generate, 2)
+    c = s.caches[0]
+    B, H, _, D = c.k.shape
+    shapes = re.findall(r"empty_strided_cpu\(\((\d+), (\d+), (\d+), (\d+)\)", "\n".join(code))
+    assert shapes  # the step's code was captured
+    for n in (c.n_fast, c.n_mid):  # a one-slot middle has a token's shape, as k and v do
+        assert n == 1 or (str(B), str(H), str(n), str(D)) not in shapes, (n, shapes)
