@@ -113,7 +113,13 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
         return torch.compile(fn, mode="reduce-overhead", fullgraph=True, backend=backend)
     if rows <= STREAM_ROWS:
         stream_compiled_decode(model)
-    model.step_graph = torch.compile(run_step, fullgraph=True, dynamic=False, backend=backend)
+    # Inductor's reorder_for_locality sinks the attention's read of V (its product feeds only
+    # the output projection) below the cache's commit, which writes V again; a buffer read after
+    # a write cannot be updated in place, so the step copied all of V once a block. Without the
+    # pass every cache write stays in place (docs/PERFORMANCE.md, section 6e).
+    options = {"reorder_for_locality": False} if backend == "inductor" else None
+    model.step_graph = torch.compile(run_step, fullgraph=True, dynamic=False, backend=backend,
+                                     options=options)
     return fn
 
 
