@@ -10,11 +10,14 @@ sees the machine in the same state:
     sdpa          the same with attention through SDPA / matmuls (model.REDUCE_ROWS = 0)
     regional      attention through reductions, but each block a compiled call of its own and
                   the final norm and head eager (oneDNN): the step before the one-graph step
-Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c
-and 6d, record what it measured.
+    reorder       the engine's step compiled with Inductor's reorder_for_locality pass (on by
+                  default; compile_decode turns it off since section 6e)
+Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c,
+6d and 6e, record what it measured.
 """
 import statistics
 import sys
+import types
 from pathlib import Path
 
 import torch
@@ -27,7 +30,7 @@ from engine.checkpoint import load_model  # noqa: E402
 from engine.cli import DTYPES  # noqa: E402
 from engine.default_model import resolve_checkpoint  # noqa: E402
 
-VARIANTS = ("graph", "sdpa", "regional")
+VARIANTS = ("graph", "sdpa", "regional", "reorder")
 
 
 def main(policy: str, context: int, dtype: str) -> None:
@@ -36,15 +39,18 @@ def main(policy: str, context: int, dtype: str) -> None:
     factory = make_cache_factory("full") if policy == "full" else \
         make_cache_factory(policy, cache_size=256, prompt_compression="bulk")
     rounds, steps = 6, 24
-    s = G.Session(model, factory, max_seq_length=context + (rounds + 1) * steps * 3 + 64,
+    s = G.Session(model, factory, max_seq_length=context + (rounds + 1) * steps * len(VARIANTS) + 64,
                   compile=True)
     s.append(list(range(100, 100 + context)))  # token ids; their text does not matter for speed
     graph, nested = model.step_graph, model.block_step
     regional = torch.compile(G.run_block, fullgraph=True, dynamic=False)
+    code = G.run_step.__code__.replace()  # a copy of the step's code: a graph of its own
+    reorder = torch.compile(types.FunctionType(code, G.run_step.__globals__), fullgraph=True,
+                            dynamic=False)
 
     def use(variant: str) -> None:
         M.REDUCE_ROWS = 0 if variant == "sdpa" else 16  # read when a graph is traced
-        model.step_graph = None if variant == "regional" else graph
+        model.step_graph = {"regional": None, "reorder": reorder}.get(variant, graph)
         model.block_step = regional if variant == "regional" else nested
 
     print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")
