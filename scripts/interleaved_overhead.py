@@ -11,8 +11,9 @@ between them by more than a policy's bookkeeping costs (docs/PERFORMANCE.md, sec
 every policy's session reads the same CONTEXT-token prompt (bulk prompt compression, budget 256,
 compiled, 2 threads, float32 unless DTYPE says; each session warmed up first, so every variant
 of its compiled step is compiled before timing), then the sessions take turns: 5 rounds of 24
-decode steps each, so that each round sees the machine in the same state. Prints the median ms a step per policy and its
-overhead over `streaming`. Not part of the engine: PERFORMANCE.md records what it measured.
+decode steps each, so that each round sees the machine in the same state. Prints the median ms
+a step per policy and its overhead over `streaming`. Not part of the engine: PERFORMANCE.md
+records what it measured.
 """
 import statistics
 import sys

@@ -14,7 +14,6 @@ import importlib.util
 import subprocess
 import sys
 import tempfile
-import types
 from pathlib import Path
 
 import torch
@@ -22,7 +21,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from caches import POLICIES, make_cache_factory  # noqa: E402
-from decode_ab import interleave  # noqa: E402  (scripts/, the script's own folder)
+from decode_ab import interleave, own_step_graph  # noqa: E402  (scripts/, the script's own folder)
 from caches.region import RegionCache  # noqa: E402
 from engine import generation as G  # noqa: E402
 from engine.checkpoint import load_model  # noqa: E402
@@ -55,11 +54,7 @@ def main(rev: str, policy: str, context: int, dtype: str) -> None:
     s = G.Session(model, factory, max_seq_length=context + (rounds + 1) * steps * 2 + 64,
                   compile=True)
     s.append(list(range(100, 100 + context)))  # token ids; their text does not matter for speed
-    graphs = {}
-    for v in methods:  # each variant its own copy of the step's code, so its own graph
-        code = G.run_step.__code__.replace()
-        graphs[v] = torch.compile(types.FunctionType(code, G.run_step.__globals__),
-                                  fullgraph=True, dynamic=False)
+    graphs = {v: own_step_graph() for v in methods}  # each variant a graph of its own
 
     def use(v: str) -> None:
         for name, fn in methods[v].items():
