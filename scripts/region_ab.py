@@ -33,8 +33,12 @@ STEP = ("update", "view", "write_v", "write_all_v", "move_to_middle", "move_left
 
 
 def region_at(rev: str):
-    source = subprocess.run(["git", "show", f"{rev}:caches/region.py"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout
+    shown = subprocess.run(["git", "show", f"{rev}:caches/region.py"], cwd=ROOT,
+                           capture_output=True, text=True)
+    if shown.returncode != 0:
+        sys.exit(f"error: no caches/region.py at revision {rev!r} "
+                 f"({shown.stderr.strip().splitlines()[-1]}); give a commit of this repository")
+    source = shown.stdout
     path = Path(tempfile.mkdtemp()) / "region_at_rev.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("region_at_rev", path)
