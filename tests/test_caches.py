@@ -652,3 +652,18 @@ def test_a_compiled_step_writes_the_cache_in_place(name):
     assert shapes  # the step's code was captured
     for n in (c.n_fast, c.n_mid, c.capacity):  # a one-slot middle has a token's shape
         assert n == 1 or (str(B), str(H), str(n), str(D)) not in shapes, (n, shapes)
+
+
+def test_compiled_steps_trust_their_guards_for_input_sizes():
+    """Dynamo's guards check a compiled graph's inputs before it runs; Inductor's wrapper would
+    check every input's sizes and strides again (320 checks a step for the default model). The
+    decode step and the compiled prompt-compression step skip that second check."""
+    from torch._inductor.utils import run_and_get_code
+    torch._dynamo.reset()
+    model = tiny_model(n_layer=2)
+    s = Session(model, make_cache_factory("weightedkv", cache_size=24, chunk=8),
+                max_seq_length=256)
+    s.decode_fn = compile_decode(decode_one_token, model, caches=s.caches)
+    _, code = run_and_get_code(lambda: (s.append(list(range(1, 40))), s.generate(2)))
+    assert len(code) == 2  # the token-by-token compression step and the decode step
+    assert all("assert_size_stride(" not in c and "cpp_fused" in c for c in code)
