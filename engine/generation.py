@@ -70,10 +70,16 @@ def run_step(model: Transformer, idx: Tensor, input_pos: Tensor, caches) -> Tens
 
 _COMPRESS = {}  # backend -> RegionCache's compression steps compiled with it (shared by every
 #                session): (token by token, one pass per chunk)
-# Inductor's wrapper checks every input's sizes and strides before its kernels run: 320 checks
-# a step in the CPU step graph (0.3-0.6 ms). Dynamo's guards have already checked the graph's
-# inputs, and a nested block region's inputs come from the graph itself (PERFORMANCE.md, 6f).
-_NO_SIZE_ASSERTS = {"size_asserts": False}
+# Inductor's options for the compiled steps (backend "inductor"). Its wrapper checks every
+# input's sizes and strides before the kernels run: 320 checks a step in the CPU step graph
+# (0.3-0.6 ms). Dynamo's guards have already checked the graph's inputs, and a nested block
+# region's inputs come from the graph itself (docs/PERFORMANCE.md, section 6f).
+COMPRESS_OPTIONS = {"size_asserts": False}
+# The CPU step graph goes without reorder_for_locality too: the pass sinks the attention's read
+# of V (its product feeds only the output projection) below the cache's commit, which writes V
+# again; a buffer read after a write cannot be updated in place, so the step copied all of V
+# once a block. Without the pass every cache write stays in place (PERFORMANCE.md, section 6e).
+STEP_OPTIONS = {**COMPRESS_OPTIONS, "reorder_for_locality": False}
 
 
 def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=(),
@@ -102,7 +108,7 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     inductor = backend == "inductor"
     if backend not in _COMPRESS:  # keyed by the backend itself: a test's counter stays alive
         _COMPRESS[backend] = [torch.compile(f, fullgraph=True, dynamic=False, backend=backend,
-                                            options=_NO_SIZE_ASSERTS if inductor else None)
+                                            options=COMPRESS_OPTIONS if inductor else None)
                               for f in (RegionCache.compress_step, RegionCache.compress_bulk)]
     for cache in caches:
         if isinstance(cache, RegionCache):
@@ -119,13 +125,8 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
         return torch.compile(fn, mode="reduce-overhead", fullgraph=True, backend=backend)
     if rows <= STREAM_ROWS:
         stream_compiled_decode(model)
-    # Inductor's reorder_for_locality sinks the attention's read of V (its product feeds only
-    # the output projection) below the cache's commit, which writes V again; a buffer read after
-    # a write cannot be updated in place, so the step copied all of V once a block. Without the
-    # pass every cache write stays in place (docs/PERFORMANCE.md, section 6e).
-    options = {**_NO_SIZE_ASSERTS, "reorder_for_locality": False} if inductor else None
     model.step_graph = torch.compile(run_step, fullgraph=True, dynamic=False, backend=backend,
-                                     options=options)
+                                     options=STEP_OPTIONS if inductor else None)
     return fn
 
 

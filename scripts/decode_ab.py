@@ -12,8 +12,10 @@ sees the machine in the same state:
                   the final norm and head eager (oneDNN): the step before the one-graph step
     reorder       the engine's step compiled with Inductor's reorder_for_locality pass (on by
                   default; compile_decode turns it off since section 6e)
-Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c,
-6d and 6e, record what it measured.
+    asserts       the engine's step with Inductor's input size asserts (on by default;
+                  compile_decode turns them off since section 6f)
+Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6f,
+record what it measured.
 """
 import statistics
 import sys
@@ -31,7 +33,7 @@ from engine.checkpoint import load_model  # noqa: E402
 from engine.cli import DTYPES  # noqa: E402
 from engine.default_model import resolve_checkpoint  # noqa: E402
 
-VARIANTS = ("graph", "sdpa", "regional", "reorder")
+VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts")
 
 
 def main(policy: str, context: int, dtype: str) -> None:
@@ -45,11 +47,13 @@ def main(policy: str, context: int, dtype: str) -> None:
     s.append(list(range(100, 100 + context)))  # token ids; their text does not matter for speed
     graph, nested = model.step_graph, model.block_step
     regional = torch.compile(G.run_block, fullgraph=True, dynamic=False)
-    reorder = own_step_graph()  # Inductor's default options, reorder_for_locality on
+    reorder = own_step_graph({**G.STEP_OPTIONS, "reorder_for_locality": True})
+    asserts = own_step_graph({**G.STEP_OPTIONS, "size_asserts": True})
 
     def use(variant: str) -> None:
         M.REDUCE_ROWS = 0 if variant == "sdpa" else 16  # read when a graph is traced
-        model.step_graph = {"regional": None, "reorder": reorder}.get(variant, graph)
+        model.step_graph = {"regional": None, "reorder": reorder, "asserts": asserts}.get(
+            variant, graph)
         model.block_step = regional if variant == "regional" else nested
 
     print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")
@@ -57,12 +61,13 @@ def main(policy: str, context: int, dtype: str) -> None:
     use("graph")
 
 
-def own_step_graph() -> Callable:
-    """The engine's step compiled from a copy of its code: dynamo keeps compiled graphs per
-    code object, so this graph lives beside the engine's instead of replacing it."""
+def own_step_graph(options: dict = G.STEP_OPTIONS) -> Callable:
+    """The engine's step compiled from a copy of its code, with these Inductor options (the
+    engine's by default): dynamo keeps compiled graphs per code object, so this graph lives
+    beside the engine's instead of replacing it."""
     code = G.run_step.__code__.replace()
     return torch.compile(types.FunctionType(code, G.run_step.__globals__), fullgraph=True,
-                         dynamic=False)
+                         dynamic=False, options=options)
 
 
 def interleave(s: G.Session, variants, use, rounds: int, steps: int) -> None:
