@@ -25,7 +25,8 @@ def bench(default_checkpoint):
 
 
 def test_bench_rows_and_bytes_per_token(bench, default_checkpoint):
-    assert bench["machine_bandwidth_gbs"] > 0
+    probes = bench["bandwidth_probes_gbs"]  # before and after the rows
+    assert len(probes) == 2 and bench["machine_bandwidth_gbs"] == max(probes) > 0
     assert bench["machine"]["torch"] and bench["machine"]["threads"] >= 1
     assert bench["model"]["quantization"] is None and bench["model"]["dtype"] == "float32"
     rows = {r["policy"]: r for r in bench["rows"] if r["batch_size"] == 1}
