@@ -5,8 +5,8 @@ the cache when decoding is timed), eager and/or compiled: decode tokens/s (media
 prefill tokens/s, time to first token, compile time, peak memory, cache bytes, bytes read per
 decode token (weights + the K/V attention reads) and the bandwidth that implies, as a fraction of
 the machine's own streaming-read bandwidth (probed before and after the engine's rows; the
-higher of the two, so that a fast phase of a shared machine during the rows cannot push a
-fraction past what the memory allowed). `--peer transformers` runs
+higher of the two: a shared machine's bandwidth moves, and a fast phase that starts after the
+first probe would otherwise push fractions past 100%). `--peer transformers` runs
 the same weights, prompt ids, dtype and token count through `transformers` in the same process;
 `--peer llama.cpp` writes the same weights to a GGUF (F32, F16 or BF16 as the run's dtype; Q8_0
 for an INT8 checkpoint) and runs it through llama-cpp-python on the same threads.

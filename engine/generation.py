@@ -72,7 +72,7 @@ _COMPRESS = {}  # backend -> RegionCache's compression steps compiled with it (s
 #                session): (token by token, one pass per chunk)
 # Inductor's options for the compiled steps (backend "inductor"). Its wrapper checks every
 # input's sizes and strides before the kernels run: 320 checks a step in the CPU step graph
-# (0.3-0.6 ms). Dynamo's guards have already checked the graph's inputs, and a nested block
+# (0.4-0.9 ms). Dynamo's guards have already checked the graph's inputs, and a nested block
 # region's inputs come from the graph itself (docs/PERFORMANCE.md, section 6f).
 COMPRESS_OPTIONS = {"size_asserts": False}
 # The CPU step graph goes without reorder_for_locality too: the pass sinks the attention's read
