@@ -406,16 +406,12 @@ class RegionCache(KVCache):
         dst = (~free).int().argsort(dim=-1, stable=True)[..., :K]    # free middle slots first
         s4, d4, ok4 = (x.unsqueeze(-1).expand(B, H, K, D) for x in (src, dst, ok))
         k, v = self.k_fast.gather(2, s4), self.v_fast.gather(2, s4)
-        if self.middle_int8:
-            for (q, s), buf, scale in ((quantize_int8(k), self.k_mid, self.k_scale),
-                                       (quantize_int8(v), self.v_mid, self.v_scale)):
-                put_slots(buf, d4, torch.where(ok4, q, buf.gather(2, d4)))  # k_int8 / v_int8
-                d1, ok1 = d4[..., :1], ok4[..., :1]
+        for kv, x in (("k", k), ("v", v)):
+            if self.middle_int8:
+                x, s = quantize_int8(x)
+                scale, d1, ok1 = getattr(self, kv + "_scale"), d4[..., :1], ok4[..., :1]
                 put_slots(scale, d1, torch.where(ok1, s, scale.gather(2, d1)))
-        else:
-            for kv, x in (("k", k), ("v", v)):
-                mid = getattr(self, kv + "_mid")
-                self.put_mid(kv, d4, torch.where(ok4, x, mid.gather(2, d4)))
+            self.put_mid(kv, d4, torch.where(ok4, x, getattr(self, kv + "_mid").gather(2, d4)))
         g = dst + self.n_fast
         for name in ("pos", *self.stats):
             stat = getattr(self, name)

@@ -6,9 +6,9 @@ Compiles `decode_one_token` whole, sampling included, as `compile_decode(whole_s
 does (on CUDA it is then replayed as a CUDA graph; here it runs as Inductor's C++), on the
 default model in float32 with a budget of 64 for a compressing POLICY, and prints the seconds
 to the first decoded token (a cold compile: Inductor's caches are off) and the ms a step after
-it. `unrolled` traces the 30
-blocks inline, as the step was compiled before every block became one nested region. Not part
-of the engine: docs/PERFORMANCE.md, section 6e, records what it measured.
+it. `unrolled` traces the 30 blocks inline, as the step was compiled before every block became
+one nested region. Not part of the engine: docs/PERFORMANCE.md, section 6e, records what it
+measured.
 """
 import sys
 import time
