@@ -19,7 +19,9 @@ def uniform(key: Tensor, cur: Tensor, n: int, start: int = 0) -> Tensor:
 
 def uniform_at(key: Tensor, cur: Tensor, i: Tensor) -> Tensor:
     """The draw of (key, cur, i), elementwise over cur and i (broadcast)."""
-    x = key * 0x9E3779B9 + cur.long() * 0x85EBCA6B + i * 0xC2B2AE35
+    # `i | 0` is i, as a value: it keeps Inductor from folding i * 0xC2B2AE35 into an index
+    # expression, which the GPU kernel computes in int32 (Triton rejects the constant).
+    x = key * 0x9E3779B9 + cur.long() * 0x85EBCA6B + (i | 0) * 0xC2B2AE35
     for mul in (0xBF58476D1CE4E5B9 >> 2, 0x94D049BB133111EB >> 2):
         x = (x ^ (x >> 31)) * mul
     x = x ^ (x >> 29)

@@ -1,26 +1,36 @@
 #!/usr/bin/env bash
 # The CUDA measurements behind docs/PERFORMANCE.md section 7, one JSON file each (bfloat16,
-# batch 1, CUDA-graph decode). PART: default (the default model, against transformers), 8b
-# (Llama-3-8B shapes, random weights: scripts/random_checkpoint.py) or all.
+# batch 1, CUDA-graph decode). PART: default (the default model, against transformers),
+# policies (one file per policy at 1k and 4k), 8b (Llama-3-8B shapes, random weights:
+# scripts/random_checkpoint.py) or all.
 #     scripts/performance_cuda.sh [OUT_DIR [PART]]
-# A failing row is logged and the next one runs: a GPU lease is short. LIKE=CKPT takes the
-# random model's tokenizer from CKPT where the default model is not installed.
+# A GPU lease is short: every row runs in its own process under ROW_LIMIT seconds (default
+# 600), and a failing row is logged and the next one runs. MODEL=CKPT measures CKPT instead of
+# the default model (random weights of its shapes where the default model is not installed);
+# LIKE=CKPT takes the random 8B model's tokenizer from CKPT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs/perf/cuda}
 part=${2:-all}
+limit=${ROW_LIMIT:-600}
+model=${MODEL:+--checkpoint_path $MODEL}
 mkdir -p "$out" checkpoints
 run() {
   local name=$1; shift
   echo "== $name: python bench.py $*" >&2
-  python bench.py "$@" --device cuda --dtype bfloat16 --json > "$out/$name.json" \
-    || { echo "== $name FAILED" >&2; rm -f "$out/$name.json"; }
+  timeout "$limit" python bench.py "$@" --device cuda --dtype bfloat16 --json > "$out/$name.json" \
+    || { echo "== $name FAILED ($?)" >&2; rm -f "$out/$name.json"; }
 }
-policies=streaming,h2o,tova,a2sf,cam,weightedkv,weightedkv-evict,lagkv,quantized
 if [ "$part" = default ] || [ "$part" = all ]; then
-  run cuda-default --contexts 256,1024,4096 --new_tokens 64 --compile both --peer transformers
-  run cuda-default-policies-4k --contexts 4096 --cache full,streaming,weightedkv --cache_size 256 --new_tokens 64 --compile on
-  run cuda-default-policies-1k --contexts 1024 --cache "$policies" --cache_size 256 --new_tokens 64 --compile on
+  run cuda-default $model --contexts 256,1024,4096 --new_tokens 64 --compile both --peer transformers
+fi
+if [ "$part" = policies ] || [ "$part" = all ]; then
+  for ctx in 1024 4096; do
+    for p in full streaming weightedkv h2o tova a2sf cam weightedkv-evict lagkv knorm keydiff quantized; do
+      run "cuda-policy-$p-$ctx" $model --contexts $ctx --cache $p --cache_size 256 --new_tokens 64 \
+        --repeats 2 --compile on
+    done
+  done
 fi
 if [ "$part" = 8b ] || [ "$part" = all ]; then
   ckpt=checkpoints/llama-3-8b-random

@@ -460,6 +460,19 @@ def test_cam_merge_arithmetic_when_the_draw_succeeds():
     assert torch.allclose(value_at(cache, 4), torch.full((4,), vals[4]))
 
 
+def test_cam_draws_compile_with_the_head_hash_as_a_value_not_an_index():
+    """Inductor folds `arange(H) * C` into an index expression, and a GPU kernel computes index
+    expressions in int32: Triton rejected the hash constant (0xC2B2AE35 > 2**31, seen on an
+    H100). The compiled draws keep the head's product a 64-bit value and equal the eager ones."""
+    from torch._inductor.utils import run_and_get_code
+    from caches.cam import uniform
+    key, cur = torch.tensor([12345]), torch.tensor([[[700]], [[3]]])
+    out, code = run_and_get_code(torch.compile(lambda k, c: uniform(k, c, 9, 3)), key, cur)
+    assert torch.equal(out, uniform(key, cur, 9, 3))
+    assert "3266489909" in code[0]  # the constant is in the kernel ...
+    assert "3266489909L*x" not in code[0]  # ... but not as an index multiplier
+
+
 def test_lagkv_selection_matches_the_formula():
     torch.manual_seed(0)
     L, sink, D, H = 4, 2, 8, 2
