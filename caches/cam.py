@@ -59,13 +59,14 @@ class CaMCache(RegionCache):
         B, H, C = self.pos.shape
         i = victim + self.n_fast
         pos_i = self.pos.gather(-1, i.unsqueeze(-1))
-        # Middle-less: every following token sits in a fast slot. Picking among fast slots
-        # only keeps the m picks distinct slots even when fewer than m tokens follow.
-        later = (self.pos > pos_i)[..., :self.n_fast]
-        m = min(self.merge_span, self.n_fast)
-        nxt = torch.where(later, self.pos[..., :self.n_fast], FAR).topk(
-            m, dim=-1, largest=False).indices  # [B, H, m]
-        follows = later.gather(-1, nxt)
+        # Middle-less: the ring holds every position after the leaving one up to the newest,
+        # so the m that follow are the next m positions, each in its ring slot (a slot that
+        # holds another position means fewer than m follow). m within the ring's length keeps
+        # the m slots distinct.
+        m = min(self.merge_span, self.window + self.chunk)
+        after = pos_i + torch.arange(1, m + 1, device=pos_i.device)          # [B, H, m]
+        nxt = self.fast_slot(after)
+        follows = self.pos.gather(-1, nxt) == after
         count = follows.sum(-1, keepdim=True)
         a_next = (self.acc.gather(-1, nxt) * follows).sum(-1, keepdim=True) / count.clamp(min=1)
         a_i = self.acc.gather(-1, i.unsqueeze(-1))

@@ -441,9 +441,10 @@ def test_cam_merge_is_reproducible_under_a_seed_and_merges_v_over_m():
     assert any(not torch.equal(runs[0], r) for r in runs[1:])  # the draws do depend on the seed
 
 
-def test_cam_merge_arithmetic_when_the_draw_succeeds():
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_cam_merge_arithmetic_when_the_draw_succeeds(chunk):
     # Uniform attention makes A_i >= mean(A_next) for the oldest token: probability 1.
-    cache = standalone(CaMCache, sink=1, window=3, middle=0, merge_span=2)
+    cache = standalone(CaMCache, sink=1, window=3, middle=0, merge_span=2, chunk=chunk)
     vals = {}
     for t in range(5):
         x = torch.full((1, 1, 1, 4), float(10 * (t + 1)))
@@ -458,6 +459,24 @@ def test_cam_merge_arithmetic_when_the_draw_succeeds():
     assert torch.allclose(value_at(cache, 2), torch.full((4,), vals[2] + vals[1] / 2))
     assert torch.allclose(value_at(cache, 3), torch.full((4,), vals[3] + vals[1] / 2))
     assert torch.allclose(value_at(cache, 4), torch.full((4,), vals[4]))
+
+
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_cam_merges_into_every_follower_when_fewer_than_m_follow(chunk):
+    """merge_span 8 over a window of 3: position 1 leaves at step 4 with 2, 3 and 4 after it
+    (the ring holds window + chunk slots, some of them stale), so V_1 / 3 goes to each."""
+    cache = standalone(CaMCache, sink=1, window=3, middle=0, merge_span=8, chunk=chunk)
+    for t in range(5):
+        x = torch.full((1, 1, 1, 4), float(10 * (t + 1)))
+        cache.update(torch.tensor([[t]]), x, x, x)
+        p = torch.zeros(1, 1, 1, 1, cache.capacity)
+        valid = cache.pos[0, 0] >= 0
+        p[..., valid] = 1.0 / valid.sum()
+        cache.commit(torch.tensor([[t]]), p)
+    assert sorted(q for q in cache.pos[0, 0].tolist() if q >= 0) == [0, 2, 3, 4]
+    for q in (2, 3, 4):
+        assert torch.allclose(value_at(cache, q), torch.full((4,), 10.0 * (q + 1) + 20.0 / 3))
+    assert torch.allclose(value_at(cache, 0), torch.full((4,), 10.0))
 
 
 def test_cam_draws_compile_with_the_head_hash_as_a_value_not_an_index():
