@@ -14,7 +14,10 @@ sees the machine in the same state:
                   default; compile_decode turns it off since section 6e)
     asserts       the engine's step with Inductor's input size asserts (on by default;
                   compile_decode turns them off since section 6f)
-Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6f,
+    realize       the engine's step with realize_acc_reads_threshold=2: a pointwise result
+                  read by a reduction is stored once instead of recomputed in its loop (the
+                  normed activations of the linears and the head; section 6g)
+Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
 """
 import statistics
@@ -33,7 +36,7 @@ from engine.checkpoint import load_model  # noqa: E402
 from engine.cli import DTYPES  # noqa: E402
 from engine.default_model import resolve_checkpoint  # noqa: E402
 
-VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts")
+VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize")
 
 
 def main(policy: str, context: int, dtype: str) -> None:
@@ -49,11 +52,12 @@ def main(policy: str, context: int, dtype: str) -> None:
     regional = torch.compile(G.run_block, fullgraph=True, dynamic=False)
     reorder = own_step_graph({**G.STEP_OPTIONS, "reorder_for_locality": True})
     asserts = own_step_graph({**G.STEP_OPTIONS, "size_asserts": True})
+    realize = own_step_graph({**G.STEP_OPTIONS, "realize_acc_reads_threshold": 2})
 
     def use(variant: str) -> None:
         M.REDUCE_ROWS = 0 if variant == "sdpa" else 16  # read when a graph is traced
-        model.step_graph = {"regional": None, "reorder": reorder, "asserts": asserts}.get(
-            variant, graph)
+        model.step_graph = {"regional": None, "reorder": reorder, "asserts": asserts,
+                            "realize": realize}.get(variant, graph)
         model.block_step = regional if variant == "regional" else nested
 
     print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")
