@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The CUDA measurements behind docs/PERFORMANCE.md section 7, one JSON file each (bfloat16,
 # batch 1, CUDA-graph decode). PART: default (the default model, against transformers),
-# policies (one file per policy at 1k and 4k), 8b (Llama-3-8B shapes, random weights:
+# policies (one file per policy at 1k and 4k; prompts compress in bulk, since token by token
+# takes 30,000 uncaptured calls for a 1k prompt on CUDA), 8b (Llama-3-8B shapes, random weights:
 # scripts/random_checkpoint.py) or all.
 #     scripts/performance_cuda.sh [OUT_DIR [PART]]
 # A GPU lease is short: every row runs in its own process under ROW_LIMIT seconds (default
 # 600), and a failing row is logged and the next one runs. MODEL=CKPT measures CKPT instead of
-# the default model (random weights of its shapes where the default model is not installed);
-# LIKE=CKPT takes the random 8B model's tokenizer from CKPT.
+# the default model: on a GPU machine without it, a random checkpoint of its shapes
+# (`scripts/random_checkpoint.py CONFIG_DIR CKPT --like CONFIG_DIR`, where CONFIG_DIR holds its
+# config.json and tokenizer.json; section 7b). LIKE=CKPT takes the random 8B model's tokenizer
+# from CKPT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs/perf/cuda}
@@ -28,7 +31,7 @@ if [ "$part" = policies ] || [ "$part" = all ]; then
   for ctx in 1024 4096; do
     for p in full streaming weightedkv h2o tova a2sf cam weightedkv-evict lagkv knorm keydiff quantized; do
       run "cuda-policy-$p-$ctx" $model --contexts $ctx --cache $p --cache_size 256 --new_tokens 64 \
-        --repeats 2 --compile on
+        --repeats 2 --compile on --prompt_compression bulk
     done
   done
 fi
