@@ -63,7 +63,7 @@ class CaMCache(RegionCache):
         # so the m that follow are the next m positions, each in its ring slot (a slot that
         # holds another position means fewer than m follow). m within the ring's length keeps
         # the m slots distinct.
-        m = min(self.merge_span, self.window + self.chunk)
+        m = min(self.merge_span, self.ring_slots)
         after = pos_i + torch.arange(1, m + 1, device=pos_i.device)          # [B, H, m]
         nxt = self.fast_slot(after)
         follows = self.pos.gather(-1, nxt) == after

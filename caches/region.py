@@ -138,9 +138,14 @@ class RegionCache(KVCache):
             put_slots(getattr(self, kv), index + self.n_fast, src)
 
     # ---- slots -------------------------------------------------------------------------------
+    @property
+    def ring_slots(self) -> int:
+        """The ring's length: the window and the staging slots, after the sinks."""
+        return self.window + self.chunk
+
     def fast_slot(self, positions: Tensor) -> Tensor:
         """Sink positions keep their own slot; later ones go round the ring."""
-        ring = self.sink + (positions - self.sink) % (self.window + self.chunk)
+        ring = self.sink + (positions - self.sink) % self.ring_slots
         return torch.where(positions < self.sink, positions, ring)
 
     def gather_slots(self, x: Tensor, slots: Tensor) -> Tensor:

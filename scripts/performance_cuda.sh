@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 out=${1:-docs/perf/cuda}
 part=${2:-all}
 limit=${ROW_LIMIT:-600}
-model=${MODEL:+--checkpoint_path $MODEL}
+model=(); [ -n "${MODEL:-}" ] && model=(--checkpoint_path "$MODEL")
 mkdir -p "$out" checkpoints
 run() {
   local name=$1; shift
@@ -25,12 +25,12 @@ run() {
     || { echo "== $name FAILED ($?)" >&2; rm -f "$out/$name.json"; }
 }
 if [ "$part" = default ] || [ "$part" = all ]; then
-  run cuda-default $model --contexts 256,1024,4096 --new_tokens 64 --compile both --peer transformers
+  run cuda-default "${model[@]}" --contexts 256,1024,4096 --new_tokens 64 --compile both --peer transformers
 fi
 if [ "$part" = policies ] || [ "$part" = all ]; then
   for ctx in 1024 4096; do
     for p in full streaming weightedkv h2o tova a2sf cam weightedkv-evict lagkv knorm keydiff quantized; do
-      run "cuda-policy-$p-$ctx" $model --contexts $ctx --cache $p --cache_size 256 --new_tokens 64 \
+      run "cuda-policy-$p-$ctx" "${model[@]}" --contexts $ctx --cache $p --cache_size 256 --new_tokens 64 \
         --repeats 2 --compile on --prompt_compression bulk
     done
   done
