@@ -3,7 +3,8 @@
 # batch 1, CUDA-graph decode). PART: default (the default model, against transformers),
 # policies (one file per policy at 1k and 4k, or the slice that POLICIES and CONTEXTS name;
 # prompts compress in bulk, since token by token takes 30,000 uncaptured calls for a 1k prompt
-# on CUDA), 8b (Llama-3-8B shapes, random weights: scripts/random_checkpoint.py) or all.
+# on CUDA), 8b (Llama-3-8B shapes, random weights: scripts/random_checkpoint.py), attention
+# (scripts/attention_probe.py on the 8B's shapes, its part 2 on that random checkpoint) or all.
 #     scripts/performance_cuda.sh [OUT_DIR [PART]]
 # A GPU lease is short: every row runs in its own process under ROW_LIMIT seconds (default
 # 600), and a failing row is logged and the next one runs. MODEL=CKPT measures CKPT instead of
@@ -39,6 +40,11 @@ if [ "$part" = policies ] || [ "$part" = all ]; then
         --new_tokens 64 --repeats 2 --compile on --prompt_compression bulk
     done
   done
+fi
+if [ "$part" = attention ]; then  # decode attention four ways (section 7c), then the 8B's step
+  ckpt=checkpoints/llama-3-8b-random
+  [ -d $ckpt ] || python scripts/random_checkpoint.py llama-3-8b $ckpt --dtype bfloat16 --device cuda ${LIKE:+--like "$LIKE"}
+  timeout "$limit" python scripts/attention_probe.py --device cuda --model $ckpt | tee "$out/attention.txt"
 fi
 if [ "$part" = 8b ] || [ "$part" = all ]; then
   ckpt=checkpoints/llama-3-8b-random

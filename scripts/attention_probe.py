@@ -1,0 +1,210 @@
+"""Probe: decode attention over a static K/V buffer, four ways, for the GPU's bandwidth gap.
+
+    python scripts/attention_probe.py [--device cuda] [--contexts 1024,4096] [--shapes 8b|135m]
+                                      [--model CKPT]
+
+A decode step attends one query a head over the whole static buffer with a mask (empty and
+future slots masked). On CUDA the engine hands that to SDPA with the mask, whose kernel runs
+one block of threads per (row, KV head): 8 blocks for Llama-3-8B's shapes, on a GPU with 132
+streaming multiprocessors (docs/PERFORMANCE.md, sections 7-7c: attention reads at ~120 GB/s).
+The variants, each behind the engine's `attend` signature:
+    engine   the engine's attend (SDPA with the mask on CUDA; reductions on the CPU)
+    reduce   the engine's attention as reductions (its CPU path), on any device
+    splitk   split-K (flash-decoding) in plain ops: the slots cut into chunks of SPLIT, each
+             chunk's max, sum and weighted values (bfloat16 matmuls, one batch a chunk), then
+             the chunks combined by their maxima
+    flex     torch's flex_attention, the mask as a score_mod (FlexDecoding on CUDA)
+
+Part 1 (always): `layers` layers of random K/V at each context (the buffer holds context + 65
+slots rounded up to SPLIT, as bench.py's plus the padding splitk needs), one compiled function
+a variant that attends every layer once (a CUDA graph on CUDA); prints us a layer, the K/V
+read rate, and each variant's largest difference from a float64 reference.
+Part 2 (--model CKPT): `full` decoding on CKPT through the engine, each variant patched in for
+`attend`, ms a step (bench.py's row: warm-up, then medians of 2 generations of 64 tokens).
+Not part of the engine; what it measured goes in docs/PERFORMANCE.md.
+"""
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import model as M  # noqa: E402
+
+SPLIT = 256  # slots a chunk in splitk
+VARIANTS = ("engine", "reduce", "splitk", "flex")
+SHAPES = {"8b": dict(heads=32, kv_heads=8, head_dim=128, layers=32),
+          "135m": dict(heads=9, kv_heads=3, head_dim=64, layers=30)}
+
+
+def splitk(q, k, v, mask):
+    """q [B, Hkv, M, D], k/v [B, Hkv, S, D] (S a multiple of SPLIT), mask [B, Hkv|1, M, S] ->
+    [B, Hkv, M, D] float32. Chunk c's max m_c, sum l_c and values o_c combine as
+    sum_c e^(m_c - m) o_c / sum_c e^(m_c - m) l_c, with m the largest m_c."""
+    B, Hkv, Mq, D = q.shape
+    C = k.shape[2] // SPLIT
+    s = (q @ k.transpose(-1, -2)).float() / math.sqrt(D)
+    s = s.masked_fill(~mask, float("-inf")).view(B, Hkv, Mq, C, SPLIT)
+    m = s.amax(-1, keepdim=True).clamp_min(-1e30)  # a chunk with no slot to attend: l_c = 0
+    e = torch.exp(s - m)
+    l = e.sum(-1)  # [B, Hkv, M, C]
+    o = e.transpose(2, 3).to(v.dtype) @ v.view(B, Hkv, C, SPLIT, D)  # [B, Hkv, C, M, D]
+    w = torch.exp(m.squeeze(-1) - m.squeeze(-1).amax(-1, keepdim=True))  # [B, Hkv, M, C]
+    y = (w.transpose(2, 3).unsqueeze(-1) * o.float()).sum(2)
+    return y / (w * l).sum(-1, keepdim=True)
+
+
+def flex(q, k, v, mask):
+    from torch.nn.attention.flex_attention import flex_attention
+    G = mask.shape[1]
+
+    def score_mod(score, b, h, qi, kv):  # h: a query head; mask rows are KV heads or one
+        return torch.where(mask[b, h // (q.shape[1] // G), qi, kv], score, float("-inf"))
+    return flex_attention(q, k, v, score_mod=score_mod, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def attend_with(variant: str):
+    """An `attend(view, need_probs)` that routes the decode case (one float segment with a
+    mask, no probabilities) through `variant` and the rest through the engine's."""
+    engine = M.attend
+    if variant == "engine":
+        return engine
+
+    def attend(view, need_probs=False):
+        q, segments, mask = view
+        B, H, T, D = q.shape
+        if need_probs or mask is None or len(segments) != 1 or segments[0].k_scale is not None \
+                or segments[0].k.shape[2] % SPLIT:
+            return engine(view, need_probs)
+        k, v = segments[0].k, segments[0].v
+        Hkv = k.shape[1]
+        if variant == "flex":
+            return flex(q, k, v, mask).to(q.dtype), None
+        G = H // Hkv
+        qg = q.reshape(B, Hkv, G * T, D)
+        mk = mask.unsqueeze(2).expand(-1, -1, G, -1, -1).flatten(2, 3)
+        if variant == "splitk":
+            y = splitk(qg, k, v, mk)
+        else:  # reduce: the engine's explicit reductions
+            seg = segments[0]
+            s = (qg.float().unsqueeze(-2) * seg.k.unsqueeze(-3).float()).sum(-1) / math.sqrt(D)
+            p = torch.softmax(s.masked_fill(~mk, float("-inf")), dim=-1)
+            y = (p.unsqueeze(-1) * seg.v.unsqueeze(-3).float()).sum(-2)
+        return y.to(q.dtype).view(B, H, T, D), None
+    return attend
+
+
+def last_line(e: Exception) -> str:
+    lines = [x for x in str(e).splitlines() if x.strip()]
+    return lines[-1][:200] if lines else ""
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def part1(args, shape, device, dtype) -> None:
+    H, Hkv, D, L = shape["heads"], shape["kv_heads"], shape["head_dim"], shape["layers"]
+    print(f"part 1: attention alone, {L} layers, {H} heads ({Hkv} KV), head_dim {D}, {dtype}")
+    print(f"{'context':>8} {'variant':>8} {'us/layer':>9} {'GB/s':>8} {'max diff':>9}")
+    g = torch.Generator(device="cpu").manual_seed(0)
+    for ctx in args.contexts:
+        S = -(-(ctx + 65) // SPLIT) * SPLIT
+        ks = [torch.randn(1, Hkv, S, D, generator=g).to(device, dtype) for _ in range(L)]
+        vs = [torch.randn(1, Hkv, S, D, generator=g).to(device, dtype) for _ in range(L)]
+        q = torch.randn(1, H, 1, D, generator=g).to(device, dtype)
+        pos = torch.arange(S, device=device).view(1, 1, S)
+        pos = torch.where(pos <= ctx, pos, -1)  # the slots after the query's are empty
+        mask = ((pos <= ctx) & (pos >= 0)).unsqueeze(-2)  # [1, 1, 1, S]
+        kv_bytes = 2 * L * ks[0].numel() * ks[0].element_size()
+        ref = M.attend(M.KVView(q.double(), [M.KVSegment(ks[0].double(), vs[0].double())],
+                                mask))[0]
+        for variant in VARIANTS:
+            attend = attend_with(variant)
+
+            def layers(q):
+                return [attend(M.KVView(q, [M.KVSegment(k, v)], mask))[0] for k, v in zip(ks, vs)]
+            torch.compiler.reset()
+            f = torch.compile(layers, fullgraph=True, dynamic=False,
+                              mode="reduce-overhead" if device.type == "cuda" else None)
+            try:
+                for _ in range(3):
+                    y = f(q)
+                sync(device)
+                diff = (y[0].double() - ref).abs().max().item()
+                runs = []
+                for _ in range(5):
+                    t0 = time.perf_counter()
+                    for _ in range(args.iters):
+                        f(q)
+                    sync(device)
+                    runs.append((time.perf_counter() - t0) / args.iters)
+            except Exception as e:  # a variant a backend cannot compile: say so, go on
+                print(f"{ctx:>8} {variant:>8} failed: {type(e).__name__}: {last_line(e)}")
+                continue
+            t = statistics.median(runs)
+            print(f"{ctx:>8} {variant:>8} {t / L * 1e6:9.1f} {kv_bytes / t / 1e9:8.1f} "
+                  f"{diff:9.2e}", flush=True)
+
+
+def part2(args, device, dtype) -> None:
+    from caches import make_cache_factory
+    from engine.checkpoint import load_model
+    from engine.default_model import resolve_checkpoint
+    from engine.generation import Generator
+    path = resolve_checkpoint(args.model)
+    model = load_model(path, dtype=dtype, device=device)
+    print(f"part 2: full decode on {path}, {dtype}, ms a step (median of 2 x 64 steps)")
+    print(f"{'context':>8} {'variant':>8} {'ms/step':>8} {'compile s':>9}")
+    for ctx in args.contexts:
+        prompt = [100 + i % 1000 for i in range(ctx)]
+        for variant in VARIANTS:
+            M.attend = attend_with(variant)  # read when the step is traced
+            torch.compiler.reset()
+            try:
+                # bench.py's buffer, rounded up to SPLIT for splitk
+                gen = Generator(model, -(-(ctx + 65) // SPLIT) * SPLIT,
+                                make_cache=make_cache_factory("full"), compile=True)
+                warm = gen.warmup(0.0, None)
+                gen.generate(prompt[:48], 3, temperature=0.0)
+                runs = [gen.generate(prompt, 65, temperature=0.0) for _ in range(2)]
+            except Exception as e:
+                print(f"{ctx:>8} {variant:>8} failed: {type(e).__name__}: {last_line(e)}")
+                continue
+            finally:
+                M.attend = attend_with("engine")
+            ms = 1e3 / statistics.median(r.tokens_per_s for r in runs)
+            print(f"{ctx:>8} {variant:>8} {ms:8.2f} {warm:9.1f}", flush=True)
+            del gen
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--contexts", default="1024,4096")
+    p.add_argument("--shapes", default="8b", choices=tuple(SHAPES))
+    p.add_argument("--parts", default="1,2", help="which parts to run (2 needs --model)")
+    p.add_argument("--iters", type=int, default=20, help="calls a timed run")
+    p.add_argument("--model", help="a checkpoint for part 2 (full decode through the engine), "
+                   "as bench.py's --checkpoint_path; 'default' for the default model")
+    args = p.parse_args()
+    args.contexts = [int(c) for c in args.contexts.split(",")]
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if device.type == "cpu":
+        torch.set_num_threads(2)
+    if "1" in args.parts:
+        part1(args, SHAPES[args.shapes], device, dtype)
+    if args.model and "2" in args.parts:
+        args.model = None if args.model == "default" else args.model
+        part2(args, device, dtype)
+
+
+if __name__ == "__main__":
+    main()
