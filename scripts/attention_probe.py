@@ -18,7 +18,8 @@ The variants, each behind the engine's `attend` signature:
 Part 1 (always): `layers` layers of random K/V at each context (the buffer holds context + 65
 slots rounded up to SPLIT, as bench.py's plus the padding splitk needs), one compiled function
 a variant that attends every layer once (a CUDA graph on CUDA); prints us a layer, the K/V
-read rate, and each variant's largest difference from a float64 reference.
+read rate, each variant's largest difference from a float64 reference and, on CUDA, its three
+costliest GPU kernels.
 Part 2 (--model CKPT): `full` decoding on CKPT through the engine, each variant patched in for
 `attend`, ms a step (bench.py's row: warm-up, then medians of 2 generations of 64 tokens).
 Not part of the engine; what it measured goes in docs/PERFORMANCE.md.
@@ -104,6 +105,21 @@ def last_line(e: Exception) -> str:
     return lines[-1][:200] if lines else ""
 
 
+def top_kernels(f, q, device) -> str:
+    """On CUDA, the three GPU kernels that take the most time in a call (which SDPA kernel the
+    engine's variant gets)."""
+    if device.type != "cuda":
+        return ""
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            f(q)
+            sync(device)
+    except Exception as e:  # the probe's figures stand without the names
+        return f"  (profiler: {last_line(e)})"
+    ev = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)[:3]
+    return "  " + "; ".join(f"{e.key[:60]} {e.self_device_time_total:.0f}us" for e in ev)
+
+
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -150,7 +166,7 @@ def part1(args, shape, device, dtype) -> None:
                 continue
             t = statistics.median(runs)
             print(f"{ctx:>8} {variant:>8} {t / L * 1e6:9.1f} {kv_bytes / t / 1e9:8.1f} "
-                  f"{diff:9.2e}", flush=True)
+                  f"{diff:9.2e}{top_kernels(f, q, device)}", flush=True)
 
 
 def part2(args, device, dtype) -> None:
