@@ -359,16 +359,20 @@ class Session:
         out = [token]
         finished = torch.isin(token.view(-1), eos)
         # Reading the new token (to stream it and stop at EOS) is the loop's only host sync.
+        # Without EOS ids or a callback nothing is read back, so a GPU runs steps back to back
+        # while the host prepares the next ones.
+        stops = bool(eos_ids)
         first = token[0, 0].item()
         if callback:
             callback(first)
         sync(dev)
         t1 = time.perf_counter()
-        while len(out) < max_new_tokens and not bool(finished.all()):
+        while len(out) < max_new_tokens and not (stops and bool(finished.all())):
             token = self.decode_fn(self.model, self.caches, token, pos, temperature, top_k).clone()
             pos = pos + 1
             out.append(token)
-            finished |= torch.isin(token.view(-1), eos)
+            if stops:
+                finished |= torch.isin(token.view(-1), eos)
             if callback:
                 callback(token[0, 0].item())
         sync(dev)

@@ -117,6 +117,22 @@ def test_generation_stops_at_eos():
     assert stopped.stopped_at_eos
 
 
+def test_generation_without_eos_reads_nothing_back_a_step(monkeypatch):
+    # Without EOS ids or a callback the decode loop never asks the device whether to stop, so
+    # a GPU can run steps back to back: only the first token is checked, before the loop.
+    model = tiny_model()
+    gen = Generator(model, max_seq_length=64)
+    checks = []
+    isin = torch.isin
+    monkeypatch.setattr(torch, "isin", lambda *a, **k: checks.append(1) or isin(*a, **k))
+    free = gen.generate([1, 2, 3], 20)
+    assert len(free.new_ids[0]) == 20 and not free.stopped_at_eos
+    assert len(checks) == 1
+    never = gen.generate([1, 2, 3], 20, eos_ids=[model.args.vocab_size + 5])
+    assert never.new_ids == free.new_ids
+    assert len(checks) == 1 + 20  # with EOS ids every token is checked
+
+
 def test_cache_bytes_are_exact():
     model = tiny_model()
     gen = Generator(model, max_seq_length=100, batch_size=2)
