@@ -159,6 +159,12 @@ def apply_rope(x: Tensor, cos_sin: Tensor) -> Tensor:
 # of the fused SDPA kernel or a matmul: one pass over the keys and one over the values, split
 # over the threads, with no per-call setup (docs/PERFORMANCE.md, section 6c).
 REDUCE_ROWS = 16
+# Split-K decode attention (flash-decoding) for a decode step (one token a row) that would go
+# to SDPA with a mask: the slots cut into chunks of SPLIT_SLOTS, each with its own max, sum and
+# weighted values, then combined. Off (0) until a GPU measures it against SDPA, whose kernels
+# that take a mask split the work only by row, head and block of queries (docs/PERFORMANCE.md,
+# section 7c; scripts/attention_probe.py sets it). Read when a step is traced.
+SPLIT_SLOTS = 0
 
 
 def reduces(q: Tensor, int8: bool) -> bool:
@@ -205,6 +211,31 @@ class KVView(NamedTuple):
     mask: Tensor
 
 
+def split_attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, chunk: int) -> Tensor:
+    """softmax(q.k / sqrt(D), masked) @ v, chunk by chunk: q [B, Hkv, M, D], k/v [B, Hkv, S, D],
+    mask [B, Hkv|1, M, S] -> [B, Hkv, M, D] float32. Chunk c (the last may be shorter) yields
+    its max m_c, sum l_c and values o_c; the result is sum_c w_c o_c / sum_c w_c l_c with
+    w_c = exp(m_c - max_c m_c), the same softmax in pieces that run side by side."""
+    B, Hkv, M, D = q.shape
+    S = k.shape[2]
+    C, whole = S // chunk, S // chunk * chunk
+    s = ((q @ k.transpose(-1, -2)).float() / math.sqrt(D)).masked_fill(~mask, float("-inf"))
+
+    def part(s, v):  # s [..., M, n] over n slots, v [..., n, D] -> m, l [..., M], o [..., M, D]
+        m = s.amax(-1, keepdim=True).clamp_min(-1e30)  # a chunk with nothing to attend: l = 0
+        e = torch.exp(s - m)
+        return m.squeeze(-1), e.sum(-1), (e.to(v.dtype) @ v).float()
+    parts = []
+    if C:  # the whole chunks, one batch of matmuls over [B, Hkv, C]
+        parts.append(part(s[..., :whole].view(B, Hkv, M, C, chunk).transpose(2, 3),
+                          v[:, :, :whole].view(B, Hkv, C, chunk, D)))
+    if whole < S:  # the rest, as one more chunk
+        parts.append(part(s[..., whole:].unsqueeze(2), v[:, :, whole:].unsqueeze(2)))
+    m, l, o = (torch.cat(x, dim=2) for x in zip(*parts))  # [B, Hkv, chunks, M(, D)]
+    w = torch.exp(m - m.amax(2, keepdim=True))
+    return (w.unsqueeze(-1) * o).sum(2) / (w * l).sum(2).unsqueeze(-1)
+
+
 def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Tensor]]:
     """Attention of view.q [B, H, T, D] over its KV segments (Hkv heads).
 
@@ -225,7 +256,11 @@ def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Ten
     mask = mask.unsqueeze(2).expand(-1, -1, G, -1, -1).flatten(2, 3)
     if len(segments) == 1 and segments[0].k_scale is None and not need_probs and \
             not reduces(qg, False):
-        y = F.scaled_dot_product_attention(qg, segments[0].k, segments[0].v, attn_mask=mask)
+        k, v = segments[0].k, segments[0].v
+        if SPLIT_SLOTS and T == 1 and k.shape[2] > SPLIT_SLOTS:
+            y = split_attend(qg, k, v, mask, SPLIT_SLOTS).to(q.dtype)
+        else:
+            y = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
         return y.view(B, H, T, D), None
     # Explicit softmax: policies that score tokens need the probabilities (SDPA hides them),
     # and int8 stretches are dequantized here, by their per-token scales, on the fly:

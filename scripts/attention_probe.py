@@ -10,13 +10,13 @@ streaming multiprocessors (docs/PERFORMANCE.md, sections 7-7c: attention reads a
 The variants, each behind the engine's `attend` signature:
     engine   the engine's attend (SDPA with the mask on CUDA; reductions on the CPU)
     reduce   the engine's attention as reductions (its CPU path), on any device
-    splitk   split-K (flash-decoding) in plain ops: the slots cut into chunks of SPLIT, each
-             chunk's max, sum and weighted values (bfloat16 matmuls, one batch a chunk), then
-             the chunks combined by their maxima
+    splitk   the engine's split-K path (model.SPLIT_SLOTS = SPLIT, model.split_attend): the
+             slots cut into chunks, each chunk's max, sum and weighted values (matmuls in the
+             model dtype, one batch over the chunks), then combined by their maxima
     flex     torch's flex_attention, the mask as a score_mod (FlexDecoding on CUDA)
 
 Part 1 (always): `layers` layers of random K/V at each context (the buffer holds context + 65
-slots rounded up to SPLIT, as bench.py's plus the padding splitk needs), one compiled function
+slots, as bench.py's), one compiled function
 a variant that attends every layer once (a CUDA graph on CUDA); prints us a layer, the K/V
 read rate, each variant's largest difference from a float64 reference and, on CUDA, its three
 costliest GPU kernels.
@@ -43,23 +43,6 @@ SHAPES = {"8b": dict(heads=32, kv_heads=8, head_dim=128, layers=32),
           "135m": dict(heads=9, kv_heads=3, head_dim=64, layers=30)}
 
 
-def splitk(q, k, v, mask):
-    """q [B, Hkv, M, D], k/v [B, Hkv, S, D] (S a multiple of SPLIT), mask [B, Hkv|1, M, S] ->
-    [B, Hkv, M, D] float32. Chunk c's max m_c, sum l_c and values o_c combine as
-    sum_c e^(m_c - m) o_c / sum_c e^(m_c - m) l_c, with m the largest m_c."""
-    B, Hkv, Mq, D = q.shape
-    C = k.shape[2] // SPLIT
-    s = (q @ k.transpose(-1, -2)).float() / math.sqrt(D)
-    s = s.masked_fill(~mask, float("-inf")).view(B, Hkv, Mq, C, SPLIT)
-    m = s.amax(-1, keepdim=True).clamp_min(-1e30)  # a chunk with no slot to attend: l_c = 0
-    e = torch.exp(s - m)
-    l = e.sum(-1)  # [B, Hkv, M, C]
-    o = e.transpose(2, 3).to(v.dtype) @ v.view(B, Hkv, C, SPLIT, D)  # [B, Hkv, C, M, D]
-    w = torch.exp(m.squeeze(-1) - m.squeeze(-1).amax(-1, keepdim=True))  # [B, Hkv, M, C]
-    y = (w.transpose(2, 3).unsqueeze(-1) * o.float()).sum(2)
-    return y / (w * l).sum(-1, keepdim=True)
-
-
 def flex(q, k, v, mask):
     from torch.nn.attention.flex_attention import flex_attention
     G = mask.shape[1]
@@ -69,35 +52,29 @@ def flex(q, k, v, mask):
     return flex_attention(q, k, v, score_mod=score_mod, enable_gqa=q.shape[1] != k.shape[1])
 
 
-def attend_with(variant: str):
-    """An `attend(view, need_probs)` that routes the decode case (one float segment with a
-    mask, no probabilities) through `variant` and the rest through the engine's."""
-    engine = M.attend
-    if variant == "engine":
-        return engine
+ENGINE_ATTEND, ENGINE_REDUCES = M.attend, M.reduces
 
-    def attend(view, need_probs=False):
-        q, segments, mask = view
-        B, H, T, D = q.shape
-        if need_probs or mask is None or len(segments) != 1 or segments[0].k_scale is not None \
-                or segments[0].k.shape[2] % SPLIT:
-            return engine(view, need_probs)
-        k, v = segments[0].k, segments[0].v
-        Hkv = k.shape[1]
-        if variant == "flex":
-            return flex(q, k, v, mask).to(q.dtype), None
-        G = H // Hkv
-        qg = q.reshape(B, Hkv, G * T, D)
-        mk = mask.unsqueeze(2).expand(-1, -1, G, -1, -1).flatten(2, 3)
-        if variant == "splitk":
-            y = splitk(qg, k, v, mk)
-        else:  # reduce: the engine's explicit reductions
-            seg = segments[0]
-            s = (qg.float().unsqueeze(-2) * seg.k.unsqueeze(-3).float()).sum(-1) / math.sqrt(D)
-            p = torch.softmax(s.masked_fill(~mk, float("-inf")), dim=-1)
-            y = (p.unsqueeze(-1) * seg.v.unsqueeze(-3).float()).sum(-2)
-        return y.to(q.dtype).view(B, H, T, D), None
-    return attend
+
+def use(variant: str):
+    """Set the model's attention to `variant` (read when a step is traced); returns `attend`."""
+    M.attend, M.reduces, M.SPLIT_SLOTS, M.REDUCE_ROWS = ENGINE_ATTEND, ENGINE_REDUCES, 0, 16
+    if variant == "reduce":  # the CPU's rule, on any device
+        M.reduces = lambda q, int8: torch.compiler.is_compiling() and (
+            int8 or q.shape[-2] <= M.REDUCE_ROWS)
+    elif variant == "splitk":  # the engine's split-K path (model.split_attend)
+        M.SPLIT_SLOTS, M.REDUCE_ROWS = SPLIT, 0
+    elif variant == "flex":
+        M.attend = flex_attend
+    return M.attend
+
+
+def flex_attend(view, need_probs=False):
+    """The decode case (one float segment with a mask, no probabilities) through flex; the rest
+    through the engine's attend."""
+    q, segments, mask = view
+    if need_probs or mask is None or len(segments) != 1 or segments[0].k_scale is not None:
+        return ENGINE_ATTEND(view, need_probs)
+    return flex(q, segments[0].k, segments[0].v, mask).to(q.dtype), None
 
 
 def last_line(e: Exception) -> str:
@@ -131,7 +108,7 @@ def part1(args, shape, device, dtype) -> None:
     print(f"{'context':>8} {'variant':>8} {'us/layer':>9} {'GB/s':>8} {'max diff':>9}")
     g = torch.Generator(device="cpu").manual_seed(0)
     for ctx in args.contexts:
-        S = -(-(ctx + 65) // SPLIT) * SPLIT
+        S = ctx + 65
         ks = [torch.randn(1, Hkv, S, D, generator=g).to(device, dtype) for _ in range(L)]
         vs = [torch.randn(1, Hkv, S, D, generator=g).to(device, dtype) for _ in range(L)]
         q = torch.randn(1, H, 1, D, generator=g).to(device, dtype)
@@ -142,7 +119,7 @@ def part1(args, shape, device, dtype) -> None:
         ref = M.attend(M.KVView(q.double(), [M.KVSegment(ks[0].double(), vs[0].double())],
                                 mask))[0]
         for variant in VARIANTS:
-            attend = attend_with(variant)
+            attend = use(variant)
 
             def layers(q):
                 return [attend(M.KVView(q, [M.KVSegment(k, v)], mask))[0] for k, v in zip(ks, vs)]
@@ -164,6 +141,8 @@ def part1(args, shape, device, dtype) -> None:
             except Exception as e:  # a variant a backend cannot compile: say so, go on
                 print(f"{ctx:>8} {variant:>8} failed: {type(e).__name__}: {last_line(e)}")
                 continue
+            finally:
+                use("engine")
             t = statistics.median(runs)
             print(f"{ctx:>8} {variant:>8} {t / L * 1e6:9.1f} {kv_bytes / t / 1e9:8.1f} "
                   f"{diff:9.2e}{top_kernels(f, q, device)}", flush=True)
@@ -181,11 +160,10 @@ def part2(args, device, dtype) -> None:
     for ctx in args.contexts:
         prompt = [100 + i % 1000 for i in range(ctx)]
         for variant in VARIANTS:
-            M.attend = attend_with(variant)  # read when the step is traced
+            use(variant)  # read when the step is traced
             torch.compiler.reset()
             try:
-                # bench.py's buffer, rounded up to SPLIT for splitk
-                gen = Generator(model, -(-(ctx + 65) // SPLIT) * SPLIT,
+                gen = Generator(model, ctx + 65,  # bench.py's buffer
                                 make_cache=make_cache_factory("full"), compile=True)
                 warm = gen.warmup(0.0, None)
                 gen.generate(prompt[:48], 3, temperature=0.0)
@@ -194,7 +172,7 @@ def part2(args, device, dtype) -> None:
                 print(f"{ctx:>8} {variant:>8} failed: {type(e).__name__}: {last_line(e)}")
                 continue
             finally:
-                M.attend = attend_with("engine")
+                use("engine")
             ms = 1e3 / statistics.median(r.tokens_per_s for r in runs)
             print(f"{ctx:>8} {variant:>8} {ms:8.2f} {warm:9.1f}", flush=True)
             del gen
