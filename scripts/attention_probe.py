@@ -20,8 +20,9 @@ slots, as bench.py's), one compiled function
 a variant that attends every layer once (a CUDA graph on CUDA); prints us a layer, the K/V
 read rate, each variant's largest difference from a float64 reference and, on CUDA, its three
 costliest GPU kernels.
-Part 2 (--model CKPT): `full` decoding on CKPT through the engine, each variant patched in for
-`attend`, ms a step (bench.py's row: warm-up, then medians of 2 generations of 64 tokens).
+Part 2 (--model CKPT): `full` decoding on CKPT through the engine with each variant, as
+bench.py's row (`bench_engine`: ms a step, median of 2 runs of 64 steps) and its share of the
+bandwidth that bench.py measures.
 Not part of the engine; what it measured goes in docs/PERFORMANCE.md.
 """
 import argparse
@@ -78,7 +79,8 @@ def flex_attend(view, need_probs=False):
 
 
 def last_line(e: Exception) -> str:
-    lines = [x for x in str(e).splitlines() if x.strip()]
+    lines = [x for x in str(e).splitlines() if x.strip() and not x.startswith(
+        ("Set TORCHDYNAMO_VERBOSE", "For even more", "You can suppress"))]
     return lines[-1][:200] if lines else ""
 
 
@@ -149,33 +151,32 @@ def part1(args, shape, device, dtype) -> None:
 
 
 def part2(args, device, dtype) -> None:
+    import bench
     from caches import make_cache_factory
     from engine.checkpoint import load_model
     from engine.default_model import resolve_checkpoint
-    from engine.generation import Generator
     path = resolve_checkpoint(args.model)
     model = load_model(path, dtype=dtype, device=device)
-    print(f"part 2: full decode on {path}, {dtype}, ms a step (median of 2 x 64 steps)")
-    print(f"{'context':>8} {'variant':>8} {'ms/step':>8} {'compile s':>9}")
+    runs = argparse.Namespace(new_tokens=64, repeats=2)
+    print(f"part 2: full decode on {path}, {dtype}, bench.py's row (64 steps, median of 2)")
+    bandwidth = bench.machine_bandwidth_gbs(device)
+    print(f"measured bandwidth {bandwidth:.0f} GB/s")
+    print(f"{'context':>8} {'variant':>8} {'ms/step':>8} {'GB/s':>7} {'% bw':>5} {'compile s':>9}")
     for ctx in args.contexts:
         prompt = [100 + i % 1000 for i in range(ctx)]
         for variant in VARIANTS:
             use(variant)  # read when the step is traced
-            torch.compiler.reset()
-            try:
-                gen = Generator(model, ctx + 65,  # bench.py's buffer
-                                make_cache=make_cache_factory("full"), compile=True)
-                warm = gen.warmup(0.0, None)
-                gen.generate(prompt[:48], 3, temperature=0.0)
-                runs = [gen.generate(prompt, 65, temperature=0.0) for _ in range(2)]
+            try:  # bench_engine compiles each row from scratch
+                row = bench.bench_engine(model, "full", make_cache_factory("full"), {}, ctx,
+                                         prompt, runs, True, device)
             except Exception as e:
                 print(f"{ctx:>8} {variant:>8} failed: {type(e).__name__}: {last_line(e)}")
                 continue
             finally:
                 use("engine")
-            ms = 1e3 / statistics.median(r.tokens_per_s for r in runs)
-            print(f"{ctx:>8} {variant:>8} {ms:8.2f} {warm:9.1f}", flush=True)
-            del gen
+            print(f"{ctx:>8} {variant:>8} {row['decode_ms_per_token']:8.2f} "
+                  f"{row['bandwidth_gbs']:7.0f} {100 * row['bandwidth_gbs'] / bandwidth:5.0f} "
+                  f"{row['compile_s']:9.1f}", flush=True)
 
 
 def main() -> None:
