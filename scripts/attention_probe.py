@@ -79,9 +79,10 @@ def flex_attend(view, need_probs=False):
 
 
 def last_line(e: Exception) -> str:
-    lines = [x for x in str(e).splitlines() if x.strip() and not x.startswith(
-        ("Set TORCHDYNAMO_VERBOSE", "For even more", "You can suppress"))]
-    return lines[-1][:200] if lines else ""
+    """The innermost error's message: a compile failure wraps it in lines of advice."""
+    lines = [x for x in str(e).splitlines() if x.strip()]
+    named = [x for x in lines if x.split(":")[0].endswith(("Error", "Exception"))]
+    return (named or lines or [""])[-1][:200]
 
 
 def top_kernels(f, q, device) -> str:
