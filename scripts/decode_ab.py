@@ -1,6 +1,6 @@
 """Probe: variants of the compiled CPU decode step on one session, measured interleaved.
 
-    python scripts/decode_ab.py POLICY CONTEXT [DTYPE]     # e.g. full 1024 bfloat16
+    python scripts/decode_ab.py POLICY CONTEXT [DTYPE [VARIANTS]]   # e.g. full 1024 bfloat16
 
 One session (budget 256 for a compressing POLICY, bulk prompt compression) reads a CONTEXT-token
 prompt, then the variants take turns, 6 rounds of 24 decode steps each, so that every round
@@ -17,6 +17,9 @@ sees the machine in the same state:
     realize       the engine's step with realize_acc_reads_threshold=2: a pointwise result
                   read by a reduction is stored once instead of recomputed in its loop (the
                   normed activations of the linears and the head; section 6g)
+    headout       the engine's step that also returns the final norm's output, which makes
+                  Inductor store it once instead of recomputing it in the head's loop
+VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
 """
@@ -36,32 +39,45 @@ from engine.checkpoint import load_model  # noqa: E402
 from engine.cli import DTYPES  # noqa: E402
 from engine.default_model import resolve_checkpoint  # noqa: E402
 
-VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize")
+VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize", "headout")
 
 
-def main(policy: str, context: int, dtype: str) -> None:
+def run_step_out(model, idx, input_pos, caches):
+    """The step as model.run, returning the final norm's output beside the logits."""
+    x = model.tok_embeddings(idx)
+    for layer, cache in zip(model.layers, caches):
+        x = model.block_step(layer, x, input_pos, cache)
+    h = model.norm(x)
+    return model.output(h).float(), h
+
+
+def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     torch.set_num_threads(2)
     model = load_model(resolve_checkpoint(None), dtype=DTYPES[dtype])
     factory = make_cache_factory("full") if policy == "full" else \
         make_cache_factory(policy, cache_size=256, prompt_compression="bulk")
     rounds, steps = 6, 24
     s = G.Session(model, factory, compile=True,
-                  max_seq_length=context + (rounds + 1) * steps * len(VARIANTS) + 64)
+                  max_seq_length=context + (rounds + 1) * steps * len(variants) + 64)
     s.append(list(range(100, 100 + context)))  # token ids; their text does not matter for speed
     graph, nested = model.step_graph, model.block_step
     regional = torch.compile(G.run_block, fullgraph=True, dynamic=False)
     reorder = own_step_graph({**G.STEP_OPTIONS, "reorder_for_locality": True})
     asserts = own_step_graph({**G.STEP_OPTIONS, "size_asserts": True})
     realize = own_step_graph({**G.STEP_OPTIONS, "realize_acc_reads_threshold": 2})
+    out = torch.compile(run_step_out, fullgraph=True, dynamic=False, options=G.STEP_OPTIONS)
+
+    def headout(*args):
+        return out(*args)[0]
 
     def use(variant: str) -> None:
         M.REDUCE_ROWS = 0 if variant == "sdpa" else 16  # read when a graph is traced
         model.step_graph = {"regional": None, "reorder": reorder, "asserts": asserts,
-                            "realize": realize}.get(variant, graph)
+                            "realize": realize, "headout": headout}.get(variant, graph)
         model.block_step = regional if variant == "regional" else nested
 
     print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")
-    interleave(s, VARIANTS, use, rounds, steps)
+    interleave(s, variants, use, rounds, steps)
     use("graph")
 
 
@@ -91,11 +107,16 @@ def interleave(s: G.Session, variants, use, rounds: int, steps: int) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (3, 4) or not sys.argv[2].isdigit():
-        sys.exit("usage: python scripts/decode_ab.py POLICY CONTEXT [float32|bfloat16]")
-    dtype = sys.argv[3] if len(sys.argv) == 4 else "float32"
+    if len(sys.argv) not in (3, 4, 5) or not sys.argv[2].isdigit():
+        sys.exit("usage: python scripts/decode_ab.py POLICY CONTEXT [float32|bfloat16 [VARIANTS]]")
+    dtype = sys.argv[3] if len(sys.argv) >= 4 else "float32"
+    picked = ["graph"] + [v for v in sys.argv[4].split(",") if v != "graph"] \
+        if len(sys.argv) == 5 else list(VARIANTS)
+    if set(picked) - set(VARIANTS):
+        sys.exit(f"error: unknown variant {sorted(set(picked) - set(VARIANTS))[0]!r}; choose "
+                 f"from {', '.join(VARIANTS)}")
     if sys.argv[1] not in POLICIES:
         sys.exit(f"error: unknown policy {sys.argv[1]!r}; choose from {', '.join(POLICIES)}")
     if dtype not in DTYPES:
         sys.exit(f"error: unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
-    main(sys.argv[1], int(sys.argv[2]), dtype)
+    main(sys.argv[1], int(sys.argv[2]), dtype, picked)
