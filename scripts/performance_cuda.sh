@@ -45,7 +45,9 @@ fi
 if [ "$part" = attention ]; then  # decode attention four ways (section 7c), then the 8B's step
   ckpt=checkpoints/llama-3-8b-random
   [ -d $ckpt ] || python scripts/random_checkpoint.py llama-3-8b $ckpt --dtype bfloat16 --device cuda ${LIKE:+--like "$LIKE"}
-  timeout "$limit" python scripts/attention_probe.py --device cuda --model $ckpt | tee "$out/attention.txt"
+  contexts=${CONTEXTS:-1024 4096}
+  timeout "$limit" python scripts/attention_probe.py --device cuda --model $ckpt --contexts "${contexts// /,}" \
+    | tee "$out/attention.txt"
 fi
 if [ "$part" = 8b ] || [ "$part" = all ]; then
   ckpt=checkpoints/llama-3-8b-random
