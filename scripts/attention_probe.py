@@ -1,13 +1,14 @@
 """Probe: decode attention over a static K/V buffer, four ways, for the GPU's bandwidth gap.
 
     python scripts/attention_probe.py [--device cuda] [--contexts 1024,4096] [--shapes 8b|135m]
-                                      [--model CKPT]
+                                      [--model CKPT] [--parts 1,2]
 
 A decode step attends one query a head over the whole static buffer with a mask (empty and
-future slots masked). On CUDA the engine hands that to SDPA with the mask, whose kernel runs
-one block of threads per (row, KV head): 8 blocks for Llama-3-8B's shapes, on a GPU with 132
-streaming multiprocessors (docs/PERFORMANCE.md, sections 7-7c: attention reads at ~120 GB/s).
-The variants, each behind the engine's `attend` signature:
+future slots masked). On CUDA the engine hands that to SDPA with the mask. SDPA's kernels that
+take a mask split their work by row, head and block of queries: 8 blocks of work for
+Llama-3-8B's shapes on a GPU with 132 multiprocessors, which would explain attention's ~120
+GB/s there (docs/PERFORMANCE.md, sections 7-7c). The variants, each behind the engine's
+`attend` signature:
     engine   the engine's attend (SDPA with the mask on CUDA; reductions on the CPU)
     reduce   the engine's attention as reductions (its CPU path), on any device
     splitk   the engine's split-K path (model.SPLIT_SLOTS = SPLIT, model.split_attend): the
@@ -15,11 +16,10 @@ The variants, each behind the engine's `attend` signature:
              model dtype, one batch over the chunks), then combined by their maxima
     flex     torch's flex_attention, the mask as a score_mod (FlexDecoding on CUDA)
 
-Part 1 (always): `layers` layers of random K/V at each context (the buffer holds context + 65
-slots, as bench.py's), one compiled function
-a variant that attends every layer once (a CUDA graph on CUDA); prints us a layer, the K/V
-read rate, each variant's largest difference from a float64 reference and, on CUDA, its three
-costliest GPU kernels.
+Part 1: the shapes' layers of random K/V at each context (the buffer holds context + 65
+slots, as bench.py's), one compiled function a variant that attends every layer once (a CUDA
+graph on CUDA); prints us a layer, the K/V read rate, each variant's largest difference from a
+float64 reference and, on CUDA, its three costliest GPU kernels.
 Part 2 (--model CKPT): `full` decoding on CKPT through the engine with each variant, as
 bench.py's row (`bench_engine`: ms a step, median of 2 runs of 64 steps) and its share of the
 bandwidth that bench.py measures.
