@@ -191,7 +191,11 @@ def main() -> None:
     p.add_argument("--model", help="a checkpoint for part 2 (full decode through the engine), "
                    "as bench.py's --checkpoint_path; 'default' for the default model")
     args = p.parse_args()
+    if not all(c.isdigit() and int(c) > 0 for c in args.contexts.split(",")):
+        p.error(f"--contexts {args.contexts!r}: give positive token counts, e.g. 1024,4096")
     args.contexts = [int(c) for c in args.contexts.split(",")]
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: this torch sees no GPU; run with --device cpu")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if device.type == "cpu":
         torch.set_num_threads(2)
