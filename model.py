@@ -386,7 +386,9 @@ class Transformer(nn.Module):
             ) -> Tensor:
         """forward's work: idx [B, T] at input_pos [B, T] -> logits [B, T', vocab]."""
         x = self.tok_embeddings(idx)
-        step = self.block_step if idx.shape[1] == 1 else None
+        # The nested block region serves compiled graphs and the single-token step; eager
+        # prompt chunks call the blocks directly.
+        step = self.block_step if idx.shape[1] == 1 or torch.compiler.is_compiling() else None
         for layer, cache in zip(self.layers, caches):
             x = step(layer, x, input_pos, cache) if step is not None else layer(x, input_pos, cache)
         if out_idx is not None:

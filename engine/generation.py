@@ -253,6 +253,9 @@ class Session:
             self.decode_fn = compile_decode(decode_one_token, model, caches=self.caches,
                                             rows=batch_size)
         if compile_prefill:
+            # A prompt chunk's blocks go through one nested compiled region as well, compiled
+            # once instead of unrolled (minutes with compression in every block).
+            model.block_step = model.block_step or torch.compiler.nested_compile_region(run_block)
             self.prefill_fn = torch.compile(prefill, fullgraph=True, dynamic=False)
         self.reset()
 

@@ -124,6 +124,34 @@ def test_a_plan_compiles_one_block_graph_per_distinct_layer_shape(whole_step):
     assert len(blocks) == 8 and len(set(blocks)) == shapes
 
 
+@pytest.mark.parametrize("policy,options", [("full", {}),
+                                            ("weightedkv", {"prompt_compression": "bulk"}),
+                                            ("weightedkv", {})])
+def test_a_compiled_prompt_chunk_runs_its_blocks_through_one_nested_region(policy, options):
+    """--compile_prefill: a prompt chunk's graph calls one nested block region per layer, as
+    the decode step does, instead of unrolling every block (which took minutes to compile with
+    compression in each), and reads the prompt as the eager chunks do."""
+    import engine.generation as G
+    torch._dynamo.reset()
+    model = tiny_model(n_layer=6)
+    factory = make_cache_factory(policy, **({"cache_size": 24, "chunk": 8, **options}
+                                            if policy != "full" else {}))
+    prompt = list(range(1, 40))
+    expected = Generator(model, 128, make_cache=factory).generate(prompt, 12).new_ids[0]
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    gen = Generator(model, 128, make_cache=factory, compile_prefill=True)
+    gen.prefill_fn = torch.compile(G.prefill, backend=backend, fullgraph=True, dynamic=False)
+    assert gen.generate(prompt, 12).new_ids[0] == expected
+    assert len(graphs) == 1  # one chunk shape (full: one bucket)
+    blocks = [n.args[1] for n in graphs[0].graph.nodes if "invoke_subgraph" in str(n.target)]
+    assert len(blocks) == 6 and len(set(blocks)) == 1
+    torch._dynamo.reset()
+
+
 def test_a_layered_session_saves_and_resumes(tmp_path):
     model = tiny_model(n_layer=4)
     factory = make_cache_factory("h2o,streaming", cache_size=20, chunk=4,
