@@ -37,6 +37,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model as M  # noqa: E402
+from bench import int_list  # noqa: E402
+from engine.cli import positive_int  # noqa: E402
+from engine.generation import sync  # noqa: E402
 
 SPLIT = 256  # slots a chunk in splitk
 VARIANTS = ("engine", "reduce", "splitk", "flex")
@@ -53,12 +56,13 @@ def flex(q, k, v, mask):
     return flex_attention(q, k, v, score_mod=score_mod, enable_gqa=q.shape[1] != k.shape[1])
 
 
-ENGINE_ATTEND, ENGINE_REDUCES = M.attend, M.reduces
+ENGINE_ATTEND, ENGINE_REDUCES, ENGINE_REDUCE_ROWS = M.attend, M.reduces, M.REDUCE_ROWS
 
 
 def use(variant: str):
     """Set the model's attention to `variant` (read when a step is traced); returns `attend`."""
-    M.attend, M.reduces, M.SPLIT_SLOTS, M.REDUCE_ROWS = ENGINE_ATTEND, ENGINE_REDUCES, 0, 16
+    M.attend, M.reduces, M.SPLIT_SLOTS, M.REDUCE_ROWS = (ENGINE_ATTEND, ENGINE_REDUCES, 0,
+                                                         ENGINE_REDUCE_ROWS)
     if variant == "reduce":  # the CPU's rule, on any device
         M.reduces = lambda q, int8: torch.compiler.is_compiling() and (
             int8 or q.shape[-2] <= M.REDUCE_ROWS)
@@ -98,11 +102,6 @@ def top_kernels(f, q, device) -> str:
         return f"  (profiler: {last_line(e)})"
     ev = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)[:3]
     return "  " + "; ".join(f"{e.key[:60]} {e.self_device_time_total:.0f}us" for e in ev)
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def part1(args, shape, device, dtype) -> None:
@@ -184,16 +183,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    p.add_argument("--contexts", default="1024,4096")
+    p.add_argument("--contexts", type=int_list("positive token counts"), default=[1024, 4096])
     p.add_argument("--shapes", default="8b", choices=tuple(SHAPES))
     p.add_argument("--parts", default="1,2", help="which parts to run (2 needs --model)")
-    p.add_argument("--iters", type=int, default=20, help="calls a timed run")
+    p.add_argument("--iters", type=positive_int, default=20, help="calls a timed run")
     p.add_argument("--model", help="a checkpoint for part 2 (full decode through the engine), "
                    "as bench.py's --checkpoint_path; 'default' for the default model")
     args = p.parse_args()
-    if not all(c.isdigit() and int(c) > 0 for c in args.contexts.split(",")):
-        p.error(f"--contexts {args.contexts!r}: give positive token counts, e.g. 1024,4096")
-    args.contexts = [int(c) for c in args.contexts.split(",")]
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: this torch sees no GPU; run with --device cpu")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)

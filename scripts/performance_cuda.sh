@@ -25,6 +25,10 @@ run() {
   timeout "$limit" python bench.py "$@" --device cuda --dtype bfloat16 --json > "$out/$name.json" \
     || { echo "== $name FAILED ($?)" >&2; rm -f "$out/$name.json"; }
 }
+ckpt=checkpoints/llama-3-8b-random
+random_8b() {  # Llama-3-8B's shapes with random weights, made once
+  [ -d $ckpt ] || python scripts/random_checkpoint.py llama-3-8b $ckpt --dtype bfloat16 --device cuda ${LIKE:+--like "$LIKE"}
+}
 if [ "$part" = default ] || [ "$part" = all ]; then
   run cuda-default "${model[@]}" --contexts 256,1024,4096 --new_tokens 64 --compile both --peer transformers
 fi
@@ -43,15 +47,13 @@ if [ "$part" = policies ] || [ "$part" = all ]; then
   done
 fi
 if [ "$part" = attention ]; then  # decode attention four ways (section 7c), then the 8B's step
-  ckpt=checkpoints/llama-3-8b-random
-  [ -d $ckpt ] || python scripts/random_checkpoint.py llama-3-8b $ckpt --dtype bfloat16 --device cuda ${LIKE:+--like "$LIKE"}
+  random_8b
   contexts=${CONTEXTS:-1024 4096}
   timeout "$limit" python scripts/attention_probe.py --device cuda --model $ckpt --contexts "${contexts// /,}" \
     | tee "$out/attention.txt"
 fi
 if [ "$part" = 8b ] || [ "$part" = all ]; then
-  ckpt=checkpoints/llama-3-8b-random
-  [ -d $ckpt ] || python scripts/random_checkpoint.py llama-3-8b $ckpt --dtype bfloat16 --device cuda ${LIKE:+--like "$LIKE"}
+  random_8b
   run cuda-llama3-8b --checkpoint_path $ckpt --contexts 1024,4096 --new_tokens 64 --compile both --peer transformers
   run cuda-llama3-8b-policies-4k --checkpoint_path $ckpt --contexts 4096 --cache full,streaming,weightedkv --cache_size 256 --new_tokens 64 --compile on
 fi
