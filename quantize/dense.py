@@ -85,10 +85,12 @@ class PackedLinear(nn.Module):
 
 def pack_dense_linears(model: nn.Module) -> nn.Module:
     """In place: every float nn.Linear on CPU in a dtype oneDNN packs becomes a PackedLinear,
-    after a probe against F.linear (a build or CPU without the kernel keeps nn.Linear, with a
-    warning). A head tied to the embedding gets its own packed copy; the table stays."""
+    after a probe against F.linear. A build or CPU without the kernel keeps nn.Linear, with one
+    warning for the model (an AVX2-only CPU has no oneDNN bfloat16: every linear fails alike).
+    A head tied to the embedding gets its own packed copy; the table stays."""
     if not torch.backends.mkldnn.is_available():
         return model
+    kept = []  # (name, first line of the error)
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if type(child) is not nn.Linear or child.weight.device.type != "cpu" or \
@@ -98,10 +100,13 @@ def pack_dense_linears(model: nn.Module) -> nn.Module:
                 packed = PackedLinear(child)
                 _probe(child, packed)
             except RuntimeError as e:
-                warnings.warn(f"{name}.{child_name}: oneDNN packed linear unavailable "
-                              f"({str(e).splitlines()[0][:100]}); keeping F.linear")
+                kept.append((f"{name}.{child_name}".lstrip("."), str(e).splitlines()[0][:160]))
                 continue
             setattr(module, child_name, packed)
+    if kept:
+        first, why = kept[0]
+        warnings.warn(f"oneDNN cannot pack {len(kept)} linear(s) ({first}: {why}); "
+                      f"they keep F.linear")
     return model
 
 
