@@ -379,11 +379,11 @@ class RegionCache(KVCache):
         score = torch.where(cand, self.score(cur), float("inf"))
         excess = cand.sum(-1) - self.middle
         n = torch.maximum(excess, (score == float("-inf")).sum(-1))  # [B, H]
-        # Candidates by score, ties by position (oldest first); at most `chunk` go.
-        by_pos = torch.where(cand, self.pos, FAR).argsort(dim=-1, stable=True)
-        by_score = score.gather(-1, by_pos).argsort(dim=-1, stable=True)
+        # Candidates by score, ties by position (oldest first); at most `chunk` go. The other
+        # slots (score inf) come last, in slot order, so that every key is distinct.
         K = min(self.chunk, C)
-        victims = by_pos.gather(-1, by_score)[..., :K]  # global slots [B, H, K]
+        after = torch.where(cand, self.pos.long(), FAR - C + slot)
+        victims = smallest(ordered(score) * 2**32 + after, K)  # global slots [B, H, K]
         do = torch.arange(K, device=cur.device) < n.unsqueeze(-1)
         self.remove_bulk(victims, do, cur)
         self.move_left_to_middle(cur, rows)
@@ -405,10 +405,9 @@ class RegionCache(KVCache):
         if rows is not None:
             moving = moving & rows.view(B, 1, 1)
         K = min(self.chunk, self.n_mid)
-        src = (~moving).int().argsort(dim=-1, stable=True)[..., :K]  # [B, H, K] moving first
+        src = first_true(moving, K)  # [B, H, K] moving first
         ok = moving.gather(-1, src)
-        free = self.pos[..., self.n_fast:] < 0
-        dst = (~free).int().argsort(dim=-1, stable=True)[..., :K]    # free middle slots first
+        dst = first_true(self.pos[..., self.n_fast:] < 0, K)  # free middle slots first
         s4, d4, ok4 = (x.unsqueeze(-1).expand(B, H, K, D) for x in (src, dst, ok))
         k, v = self.k_fast.gather(2, s4), self.v_fast.gather(2, s4)
         for kv, x in (("k", k), ("v", v)):
@@ -441,7 +440,7 @@ class RegionCache(KVCache):
         self.pos[:, :, slots] = fast.to(torch.int32)
         # Middle survivors in position order: keep's True entries first, each head its own.
         n = int(keep[0, 0].sum())
-        src = (~keep).int().argsort(dim=-1, stable=True)[..., :n]  # [B, H, n]
+        src = first_true(keep, n)  # [B, H, n]
         idx = src.unsqueeze(-1).expand(B, H, n, D)
         km, vm = k.gather(2, idx), v.gather(2, idx)
         if self.middle_int8:
@@ -499,6 +498,29 @@ def coarse(score: Tensor, step: float = 2.0**-12) -> Tensor:
     token's layer-0 key is the same vector at every position): rounding noise of the batched
     or compiled path must not break the tie; the oldest goes, as argmin_oldest decides."""
     return torch.round(score / step) * step
+
+
+def smallest(key: Tensor, k: int) -> Tensor:
+    """Indices of the k smallest of key (distinct integers) along the last axis, ascending:
+    what a stable argsort's first k would be. topk, not a sort: Inductor turns a sort of up to
+    512 entries into one Triton kernel, and on a GPU a kernel of the bulk pass compiled for
+    over 25 s (PERFORMANCE 7c); topk stays ATen's."""
+    return key.topk(k, dim=-1, largest=False).indices
+
+
+def first_true(mask: Tensor, k: int) -> Tensor:
+    """The first k indices [..., k] of those where mask holds, in order, then of the others:
+    a stable argsort of ~mask, cut at k."""
+    n = mask.shape[-1]
+    index = torch.arange(n, device=mask.device)
+    return smallest(torch.where(mask, index, index + n), k)
+
+
+def ordered(score: Tensor) -> Tensor:
+    """float scores as int64 in the same order (IEEE bits, negatives flipped; -0 as 0), so
+    that a score and a position make one integer key."""
+    bits = torch.where(score == 0, 0.0, score.float()).view(torch.int32).long()
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
 
 def argmin_oldest(score: Tensor, pos: Tensor) -> Tensor:

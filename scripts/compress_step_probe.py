@@ -1,6 +1,10 @@
 """Probe: one layer's compiled compression step, per policy, in microseconds.
 
-    python scripts/compress_step_probe.py [POLICY,POLICY,...] [DTYPE]   # e.g. streaming,cam
+    python scripts/compress_step_probe.py [POLICY,POLICY,...] [DTYPE] [step|bulk]
+
+`bulk` times the bulk pass instead (the one a prompt chunk with `--prompt_compression bulk`
+takes, here at the position after the prompt, where no chunk is waiting: the same ops, on
+the same shapes) and prints its compile time too.
 
 Each policy's session reads a 1k-token prompt (budget 256, bulk prompt compression, 2 threads,
 bfloat16 unless DTYPE says), then layer 0's cache runs the compiled compression step (the one
@@ -29,20 +33,25 @@ from engine.default_model import resolve_checkpoint  # noqa: E402
 DEFAULT = "streaming,h2o,tova,a2sf,weightedkv,weightedkv-evict,cam,lagkv,knorm,keydiff"
 
 
-def main(policies: list, dtype: str) -> None:
+def main(policies: list, dtype: str, what: str) -> None:
     torch.set_num_threads(2)
     model = load_model(resolve_checkpoint(None), dtype=DTYPES[dtype])
-    print(f"budget 256, {dtype}, one layer's compression step, us a call (median of 7 x 300)")
+    fn = RegionCache.compress_step if what == "step" else RegionCache.compress_bulk
+    name = "compression step" if what == "step" else "bulk pass"
+    print(f"budget 256, {dtype}, one layer's {name}, us a call (median of 7 x 300)"
+          + ("" if what == "step" else "; compile s"))
     for policy in policies:
         # A fresh cache of compiled code per policy: Dynamo tries the guards of every earlier
         # policy's graph first, which would charge later policies a few us each.
         torch._dynamo.reset()
-        step = torch.compile(RegionCache.compress_step, fullgraph=True, dynamic=False,
-                             options=G.COMPRESS_OPTIONS)
+        step = torch.compile(fn, fullgraph=True, dynamic=False, options=G.COMPRESS_OPTIONS)
         s = G.Session(model, make_cache_factory(policy, cache_size=256, prompt_compression="bulk"),
                       max_seq_length=1400)
         s.append(list(range(100, 1124)))
         cache, cur = s.caches[0], torch.tensor([[[1124]]])
+        t = time.perf_counter()
+        step(cache, cur)
+        compile_s = time.perf_counter() - t
         for _ in range(10):
             step(cache, cur)
         runs = []
@@ -51,17 +60,19 @@ def main(policies: list, dtype: str) -> None:
             for _ in range(300):
                 step(cache, cur)
             runs.append((time.perf_counter() - t) / 300 * 1e6)
-        print(f"{policy:18s} {statistics.median(runs):6.1f}", flush=True)
+        print(f"{policy:18s} {statistics.median(runs):6.1f}"
+              + ("" if what == "step" else f" {compile_s:6.1f}"), flush=True)
 
 
 if __name__ == "__main__":
     names = (sys.argv[1] if len(sys.argv) >= 2 else DEFAULT).split(",")
     dtype = sys.argv[2] if len(sys.argv) >= 3 else "bfloat16"
-    if len(sys.argv) > 3 or dtype not in DTYPES:
+    what = sys.argv[3] if len(sys.argv) >= 4 else "step"
+    if len(sys.argv) > 4 or dtype not in DTYPES or what not in ("step", "bulk"):
         sys.exit("usage: python scripts/compress_step_probe.py [POLICY,POLICY,...] "
-                 "[float32|bfloat16]")
+                 "[float32|bfloat16] [step|bulk]")
     unknown = [n for n in names if not issubclass(POLICIES.get(n, object), RegionCache)]
     if unknown:
         sys.exit(f"error: {unknown[0]!r} is not a compressing policy; choose from "
                  f"{', '.join(n for n, p in POLICIES.items() if issubclass(p, RegionCache))}")
-    main(names, dtype)
+    main(names, dtype, what)

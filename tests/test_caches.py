@@ -631,6 +631,54 @@ def test_bulk_prompt_compression_compiled_matches_eager(name):
     assert len(chunked) == len(expected) == 20
 
 
+def test_victims_by_one_integer_key_are_the_stable_sorts_first():
+    """smallest(ordered(score) * 2**32 + position) gives the slots two stable argsorts give
+    (by position, then by score): ties in score (-0 and 0, -inf, inf) go oldest first, and the
+    other slots follow in slot order; first_true is a stable argsort of ~mask."""
+    from caches.region import FAR, first_true, ordered, smallest
+    g = torch.Generator().manual_seed(0)
+    tied = torch.tensor([float("-inf"), -1.5, -0.0, 0.0, 0.25, 3.0, float("inf"), 1e-30])
+    for C in (2, 7, 40, 300):
+        B, H, K = 2, 3, min(32, C)
+        score = torch.where(torch.rand(B, H, C, generator=g) < 0.5,
+                            torch.randn(B, H, C, generator=g),
+                            tied[torch.randint(0, len(tied), (B, H, C), generator=g)])
+        pos = torch.stack([torch.randperm(10 * C, generator=g)[:C] for _ in range(B * H)])
+        pos = pos.view(B, H, C).int()
+        cand = torch.rand(B, H, C, generator=g) < 0.7
+        score = torch.where(cand, score, float("inf"))
+        by_pos = torch.where(cand, pos, FAR).argsort(dim=-1, stable=True)
+        by_score = score.gather(-1, by_pos).argsort(dim=-1, stable=True)
+        slot = torch.arange(C)
+        key = ordered(score) * 2**32 + torch.where(cand, pos.long(), FAR - C + slot)
+        assert torch.equal(smallest(key, K), by_pos.gather(-1, by_score)[..., :K])
+        mask = torch.rand(B, H, C, generator=g) < 0.3
+        assert torch.equal(first_true(mask, K), (~mask).int().argsort(dim=-1, stable=True)[..., :K])
+
+
+@pytest.mark.parametrize("mode", ["bulk", "snapkv"])
+def test_prompt_compression_sorts_nothing(mode):
+    """A GPU compiler builds a sort of up to 512 entries as one Triton kernel, and the bulk
+    pass's sorts took tens of seconds to compile on an H100 (PERFORMANCE 7c): a bulk pass and a
+    one-shot prompt pick their slots by topk. The ops of whole generations, every policy."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        seen = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    model = tiny_model()
+    for name in COMPRESSING:
+        factory = make_cache_factory(name, cache_size=BUDGET, chunk=8, prompt_compression=mode)
+        with Ops() as ops:
+            Generator(model, max_seq_length=128, make_cache=factory).generate(
+                list(range(1, 60)), 4)
+        assert "topk" in ops.seen and not {"sort", "argsort"} & ops.seen, (name, ops.seen)
+
+
 # ---- bad input ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs,needle", [
