@@ -240,8 +240,8 @@ def weight_bytes_per_token(model) -> int:
             continue
         for name, t in [*module.named_parameters(recurse=False),
                         *module.named_buffers(recurse=False)]:
-            if name == "plain":
-                continue
+            if name == "plain" and getattr(module, "packed", None) is not None:
+                continue  # oneDNN's layout is the one counted
             nbytes = t.numel() * t.element_size()
             total += nbytes // t.shape[0] if isinstance(module, torch.nn.Embedding) else nbytes
     return total

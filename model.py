@@ -165,6 +165,11 @@ REDUCE_ROWS = 16
 # that take a mask split the work only by row, head and block of queries (docs/PERFORMANCE.md,
 # section 7c; scripts/attention_probe.py sets it). Read when a step is traced.
 SPLIT_SLOTS = 0
+# A CPU without oneDNN's bfloat16 kernels (AVX2 only: no AVX-512 BF16 or AVX-NE-CONVERT) runs a
+# bfloat16 matmul through ATen's fallback, 20-35x slower than float32 for attention's shapes
+# (docs/PERFORMANCE.md, section 6i): there the explicit softmax reads its values in float32.
+CPU_BF16_MATMUL = torch.backends.mkldnn.is_available() and \
+    torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def reduces(q: Tensor, int8: bool) -> bool:
@@ -197,7 +202,7 @@ class KVSegment(NamedTuple):
         p = probs if self.v_scale is None else probs * self.v_scale.transpose(-1, -2)
         if reduces(p, self.v_scale is not None):  # as in scores
             return (p.unsqueeze(-1) * self.v.unsqueeze(-3).float()).sum(-2)
-        if self.v_scale is None:
+        if self.v_scale is None and (self.v.device.type != "cpu" or CPU_BF16_MATMUL):
             return (probs.to(self.v.dtype) @ self.v).float()
         return p @ self.v.float()
 

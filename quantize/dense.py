@@ -23,10 +23,14 @@ GB/s in float32 and bfloat16 alike (docs/PERFORMANCE.md, section 6b). It needs t
 next to the packed one (eager prompt chunks and steps of more rows stay on oneDNN, faster there),
 so `stream_compiled_decode` keeps a plain copy of each block linear's weight: memory for speed,
 only when a compiled few-row decode asks for it. A tied head reads the embedding table itself.
+
+A CPU without oneDNN's kernel for the dtype (AVX2-only CPUs have no bfloat16 one) keeps the
+plain weight alone: its compiled few-row steps take the same reduction, and every other call a
+float32 GEMM over the weight widened for the call. ATen's own bfloat16 GEMM is 3.6-4.4x slower
+there from 32 rows on, and widening a weight costs about what reading it does
+(docs/PERFORMANCE.md, section 6i).
 """
 from __future__ import annotations
-
-import warnings
 
 import torch
 import torch.nn as nn
@@ -48,17 +52,20 @@ def _(x: Tensor, weight: Tensor, out_features: int) -> Tensor:
 
 
 class PackedLinear(nn.Module):
-    """y = x @ W^T (+ bias) with W held in oneDNN's layout. Its state dict holds the plain
-    weight, as nn.Linear's does (the checkpoint format, and what a peer model loads)."""
+    """y = x @ W^T (+ bias) with W held in oneDNN's layout, or (onednn=False: no kernel for
+    the dtype on this CPU) plain only. Its state dict holds the plain weight, as nn.Linear's
+    does (the checkpoint format, and what a peer model loads)."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, onednn: bool = True):
         super().__init__()
         w = linear.weight.detach()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(w, None),
-                             persistent=False)
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(w, None)
+                             if onednn else None, persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
-        self.register_buffer("plain", None, persistent=False)  # stream_compiled_decode
+        # stream_compiled_decode's copy; without oneDNN, the weight itself (a tied head's: the
+        # embedding table)
+        self.register_buffer("plain", None if onednn else w, persistent=False)
 
     @property
     def weight(self) -> Tensor:
@@ -66,7 +73,11 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, " \
-               f"bias={self.bias is not None}, kernel=onednn"
+               f"bias={self.bias is not None}, kernel={'onednn' if self.onednn else 'float32'}"
+
+    @property
+    def onednn(self) -> bool:
+        return self.packed is not None
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         destination[prefix + "weight"] = self.weight
@@ -78,19 +89,20 @@ class PackedLinear(nn.Module):
                 x.numel() <= STREAM_ROWS * self.in_features:
             # float32 products summed in float32, rounded once, as oneDNN does for bfloat16
             y = (self.plain.float() * x.float().unsqueeze(-2)).sum(-1).to(x.dtype)
-        else:
+        elif self.onednn:
             y = packed_linear(x, self.packed, self.out_features)
+        else:
+            y = F.linear(x.float(), self.plain.float()).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
 
 def pack_dense_linears(model: nn.Module) -> nn.Module:
-    """In place: every float nn.Linear on CPU in a dtype oneDNN packs becomes a PackedLinear,
-    after a probe against F.linear. A build or CPU without the kernel keeps nn.Linear, with one
-    warning for the model (an AVX2-only CPU has no oneDNN bfloat16: every linear fails alike).
-    A head tied to the embedding gets its own packed copy; the table stays."""
+    """In place: every float nn.Linear on CPU becomes a PackedLinear: in oneDNN's layout if a
+    probe against F.linear passes, else plain (a CPU or build without the kernel for the dtype:
+    every bfloat16 linear on an AVX2-only CPU). A head tied to the embedding gets its own packed
+    copy; the table stays."""
     if not torch.backends.mkldnn.is_available():
         return model
-    kept = []  # (name, first line of the error)
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if type(child) is not nn.Linear or child.weight.device.type != "cpu" or \
@@ -99,14 +111,9 @@ def pack_dense_linears(model: nn.Module) -> nn.Module:
             try:
                 packed = PackedLinear(child)
                 _probe(child, packed)
-            except RuntimeError as e:
-                kept.append((f"{name}.{child_name}".lstrip("."), str(e).splitlines()[0][:160]))
-                continue
+            except RuntimeError:
+                packed = PackedLinear(child, onednn=False)
             setattr(module, child_name, packed)
-    if kept:
-        first, why = kept[0]
-        warnings.warn(f"oneDNN cannot pack {len(kept)} linear(s) ({first}: {why}); "
-                      f"they keep F.linear")
     return model
 
 
@@ -117,7 +124,7 @@ def stream_compiled_decode(model: nn.Module) -> int:
     vocabulary's head costs more memory than its step saves. Returns the bytes added."""
     added = 0
     for module in model.layers.modules():
-        if isinstance(module, PackedLinear) and module.plain is None:
+        if isinstance(module, PackedLinear) and module.plain is None:  # oneDNN's only
             module.plain = module.packed.to_dense()
             added += module.plain.numel() * module.plain.element_size()
     head, table = model.output, model.tok_embeddings.weight

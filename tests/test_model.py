@@ -212,3 +212,19 @@ def test_decoding_through_split_attention_keeps_the_tokens(monkeypatch, compiled
     assert gen.generate(prompt, 30).new_ids[0] == expected
     assert calls  # traced once when compiled, called every step and layer when eager
     torch._dynamo.reset()
+
+
+def test_a_cpu_without_bfloat16_matmuls_reads_values_in_float32(monkeypatch):
+    """On an AVX2-only CPU (no oneDNN bfloat16) a bfloat16 matmul takes ATen's fallback, 20-35x
+    slower than float32 at attention's shapes: the explicit softmax reads V in float32 there,
+    in the model dtype elsewhere."""
+    import model as M
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(1, 2, 40, 8, generator=g).to(torch.bfloat16)
+    p = torch.softmax(torch.randn(1, 2, 3, 40, generator=g), dim=-1)
+    seg = M.KVSegment(v, v)
+    monkeypatch.setattr(M, "CPU_BF16_MATMUL", False)
+    assert torch.equal(seg.mix(p), p @ v.float())
+    monkeypatch.setattr(M, "CPU_BF16_MATMUL", True)
+    assert torch.equal(seg.mix(p), (p.to(torch.bfloat16) @ v).float())
+    assert not torch.equal(p @ v.float(), (p.to(torch.bfloat16) @ v).float())

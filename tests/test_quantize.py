@@ -22,9 +22,16 @@ SAME_TOKENS = {"int8": 24, "int4": 5}
 
 def onednn_packs(dtype: torch.dtype) -> bool:
     """Whether oneDNN packs linears of dtype on this CPU, by PyTorch's own check: AVX2-only
-    CPUs of the pool have no oneDNN bfloat16, and there the engine keeps F.linear."""
+    CPUs of the pool have no oneDNN bfloat16, and there the engine keeps the plain weight."""
     return torch.backends.mkldnn.is_available() and (
         dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def without_onednn(monkeypatch) -> None:
+    """oneDNN's reorder fails, as it does for bfloat16 on an AVX2-only CPU."""
+    def missing(*args):
+        raise RuntimeError("no oneDNN kernel for this dtype on this CPU")
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", missing)
 
 
 @pytest.fixture(scope="module")
@@ -364,14 +371,13 @@ def test_int8_kernel_never_gets_a_misaligned_weight():
 # Float linears in oneDNN's packed layout (quantize/dense.py)
 
 
+@pytest.mark.parametrize("onednn", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_float_linears_match_f_linear_eager_and_compiled(dtype):
-    """(On a CPU without oneDNN for dtype the linears stay nn.Linear, with one warning, and
-    the same checks hold.)"""
-    import warnings
-
+def test_packed_float_linears_match_f_linear_eager_and_compiled(dtype, onednn, monkeypatch):
+    """onednn=False: as on a CPU without oneDNN's kernel for dtype, the plain weight alone."""
     from quantize.dense import PackedLinear, pack_dense_linears
-    kind = PackedLinear if onednn_packs(dtype) else torch.nn.Linear
+    if not onednn:
+        without_onednn(monkeypatch)
     m = tiny_model(attention_bias=True).to(dtype)
     plain = {n: mod for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)}
     x = torch.randn(2, 5, 64, dtype=dtype)
@@ -379,13 +385,10 @@ def test_packed_float_linears_match_f_linear_eager_and_compiled(dtype):
         want = {n: lin(x if lin.in_features == 64 else x.repeat(1, 1, lin.in_features // 64))
                 for n, lin in plain.items()}
         state = {k: v.clone() for k, v in m.state_dict().items()}
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            pack_dense_linears(m)
-        assert len([w for w in caught if "cannot pack" in str(w.message)]) == \
-            (kind is torch.nn.Linear)
+        pack_dense_linears(m)
         packed = dict(m.named_modules())
-        assert all(type(packed[n]) is kind for n in plain)
+        assert all(isinstance(packed[n], PackedLinear) for n in plain)
+        assert {packed[n].onednn for n in plain} == {onednn and onednn_packs(dtype)}
         tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
         for n, ref in want.items():
             lin = packed[n]
@@ -405,30 +408,28 @@ def test_packed_float_linears_match_f_linear_eager_and_compiled(dtype):
         assert counter.frame_count == 1
 
 
+@pytest.mark.parametrize("onednn", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype):
+def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype, onednn, monkeypatch):
+    """onednn=False: as on a CPU without oneDNN's kernel for dtype (an AVX2-only CPU in
+    bfloat16): the same reduction, over the weight itself, and a float32 GEMM for more rows."""
     from engine.generation import compile_decode, decode_one_token
     from quantize.dense import (STREAM_ROWS, PackedLinear, pack_dense_linears,
                                 stream_compiled_decode)
+    if not onednn:
+        without_onednn(monkeypatch)
+    onednn = onednn and onednn_packs(dtype)
     m = pack_dense_linears(tiny_model(attention_bias=True).to(dtype))
-    if not onednn_packs(dtype):  # an AVX2-only CPU in bfloat16: nn.Linear, nothing to stream
-        assert not any(isinstance(mod, PackedLinear) for mod in m.modules())
-        assert stream_compiled_decode(m) == 0
-        lin, x = m.layers[0].attention.wqkv, torch.randn(1, 1, 64, dtype=dtype)
-        step = torch.compile(lambda lin, h: lin(h), fullgraph=True, dynamic=False)
-        with torch.inference_mode():
-            torch.testing.assert_close(step(lin, x), lin(x), rtol=2e-2, atol=2e-2)
-        return
     state = {k: v.clone() for k, v in m.state_dict().items()}
     # A compiled decode of more rows than the reduction serves keeps oneDNN alone: no copies.
     compile_decode(decode_one_token, m, backend="eager", rows=STREAM_ROWS + 1)
     linears = [mod for mod in m.modules() if isinstance(mod, PackedLinear)]
-    assert all(lin.plain is None for lin in linears)
+    assert len(linears) == 11 and all((lin.plain is None) == onednn for lin in linears)
     compile_decode(decode_one_token, m, backend="eager", rows=STREAM_ROWS)
     in_blocks = {id(mod) for mod in m.layers.modules()}
     for lin in linears:  # the blocks' linears gain a plain copy; an untied head does not
-        assert (lin.plain is not None) == (id(lin) in in_blocks)
-    assert m.output.plain is None and not m.args.tie_embeddings
+        assert (lin.plain is not None) == (id(lin) in in_blocks or not onednn)
+    assert not m.args.tie_embeddings
     assert stream_compiled_decode(m) == 0  # a second compiled session copies nothing again
     for k, v in m.state_dict().items():  # the checkpoint format is unchanged
         assert torch.equal(v, state[k]), k
@@ -444,22 +445,23 @@ def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype):
             x = torch.randn(rows, 1, lin.in_features, dtype=dtype)
             want = F.linear(x.float(), lin.weight.float(), lin.bias.float()).to(dtype)
             torch.testing.assert_close(step(lin, x), want, **tol)
-            onednn = any("packed_linear" in target for target in graphs[-1])
-            assert onednn == (rows > STREAM_ROWS), rows
+            reduction = not any(("packed_linear" in t or "linear" in t) for t in graphs[-1])
+            assert reduction == (rows <= STREAM_ROWS), (rows, graphs[-1])
+            assert any("packed_linear" in t for t in graphs[-1]) == (onednn and not reduction)
             torch.testing.assert_close(lin(x), want, **tol)  # eager: oneDNN, same values
     # A tied head reads the embedding table itself as its plain weight: no bytes added.
     from model import run_head
     tied = pack_dense_linears(tiny_model(tie_embeddings=True).to(dtype))
     copies = stream_compiled_decode(tied)
-    assert copies == sum(lin.plain.numel() * lin.plain.element_size()
-                         for lin in tied.layers.modules() if isinstance(lin, PackedLinear))
+    assert copies == onednn * sum(lin.plain.numel() * lin.plain.element_size()
+                                  for lin in tied.layers.modules() if isinstance(lin, PackedLinear))
     assert tied.output.plain.data_ptr() == tied.tok_embeddings.weight.data_ptr()
     head = torch.compile(run_head, fullgraph=True, dynamic=False, backend=backend)
     with torch.inference_mode():
         x = torch.randn(1, 1, tied.args.dim, dtype=dtype)
         torch.testing.assert_close(head(tied.norm, tied.output, x),
                                    run_head(tied.norm, tied.output, x), **tol)
-    assert not any("packed_linear" in target for target in graphs[-1])
+    assert not any("linear" in target for target in graphs[-1])
 
 
 def test_loaded_float_model_is_packed_and_scores_as_unpacked(default_checkpoint):
@@ -477,14 +479,24 @@ def test_loaded_float_model_is_packed_and_scores_as_unpacked(default_checkpoint)
     torch.testing.assert_close(logits[1], logits[0], rtol=0, atol=1e-4)
 
 
-def test_missing_onednn_kernel_keeps_f_linear(monkeypatch):
-    from quantize.dense import pack_dense_linears
-    m = tiny_model()
-    def missing(*args):
-        raise RuntimeError("no oneDNN kernel in this build")
-    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", missing)
-    with pytest.warns(UserWarning, match="cannot pack 11 linear") as caught:  # one for all
+def test_missing_onednn_kernel_keeps_the_plain_weight_in_a_float32_gemm(monkeypatch):
+    """As for bfloat16 on an AVX2-only CPU, whose own bfloat16 GEMM is several times slower
+    than float32's from 32 rows on: no warning, the plain weight, float32 products."""
+    import warnings
+
+    from quantize.dense import PackedLinear, pack_dense_linears
+    without_onednn(monkeypatch)
+    m = tiny_model().to(torch.bfloat16)
+    x = torch.randn(40, 64, dtype=torch.bfloat16)
+    lin = m.layers[0].feed_forward.w1
+    want = F.linear(x.float(), lin.weight.float()).to(torch.bfloat16)
+    from bench import weight_bytes_per_token
+    read = weight_bytes_per_token(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         pack_dense_linears(m)
-    assert len(caught) == 1
-    assert all(type(mod) is torch.nn.Linear for mod in m.modules()
-               if "Linear" in type(mod).__name__)
+    assert weight_bytes_per_token(m) == read  # bench counts the plain weights it reads
+    lin = m.layers[0].feed_forward.w1
+    assert isinstance(lin, PackedLinear) and not lin.onednn and "kernel=float32" in repr(lin)
+    with torch.inference_mode():
+        assert torch.equal(lin(x), want)
