@@ -25,10 +25,10 @@ so `stream_compiled_decode` keeps a plain copy of each block linear's weight: me
 only when a compiled few-row decode asks for it. A tied head reads the embedding table itself.
 
 A CPU without oneDNN's kernel for the dtype (AVX2-only CPUs have no bfloat16 one) keeps the
-plain weight alone: its compiled few-row steps take the same reduction, and every other call a
-float32 GEMM over the weight widened for the call. ATen's own bfloat16 GEMM is 3.6-4.4x slower
-there from 32 rows on, and widening a weight costs about what reading it does
-(docs/PERFORMANCE.md, section 6i).
+plain weight alone: its compiled few-row steps take the same reduction, calls of 8 rows or more
+(prompt chunks) a float32 GEMM over the weight widened for the call, and the rest F.linear.
+ATen's own bfloat16 GEMM is 2.6-4.1x slower there at 32 rows and 4.4x at 1,024, while
+widening costs more than it saves below 8 rows (docs/PERFORMANCE.md, section 6i).
 """
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ from torch import Tensor
 
 DTYPES = (torch.float32, torch.bfloat16)
 STREAM_ROWS = 2  # the reduction reads the weight once per row: from 4 rows on, oneDNN wins
+# Without oneDNN (plain weights), from this many rows on a float32 GEMM over the weight widened
+# for the call beats ATen's bfloat16 one on an AVX2-only CPU; below, widening costs more.
+WIDEN_ROWS = 8
 
 
 @torch.library.custom_op("regionkv::packed_linear", mutates_args=())
@@ -91,8 +94,10 @@ class PackedLinear(nn.Module):
             y = (self.plain.float() * x.float().unsqueeze(-2)).sum(-1).to(x.dtype)
         elif self.onednn:
             y = packed_linear(x, self.packed, self.out_features)
-        else:
+        elif x.numel() >= WIDEN_ROWS * self.in_features:
             y = F.linear(x.float(), self.plain.float()).to(x.dtype)
+        else:
+            y = F.linear(x, self.plain)
         return y if self.bias is None else y + self.bias
 
 

@@ -481,10 +481,11 @@ def test_loaded_float_model_is_packed_and_scores_as_unpacked(default_checkpoint)
 
 def test_missing_onednn_kernel_keeps_the_plain_weight_in_a_float32_gemm(monkeypatch):
     """As for bfloat16 on an AVX2-only CPU, whose own bfloat16 GEMM is several times slower
-    than float32's from 32 rows on: no warning, the plain weight, float32 products."""
+    than float32's from 32 rows on: no warning, the plain weight, float32 products for a
+    prompt chunk's rows."""
     import warnings
 
-    from quantize.dense import PackedLinear, pack_dense_linears
+    from quantize.dense import WIDEN_ROWS, PackedLinear, pack_dense_linears
     without_onednn(monkeypatch)
     m = tiny_model().to(torch.bfloat16)
     x = torch.randn(40, 64, dtype=torch.bfloat16)
@@ -500,3 +501,6 @@ def test_missing_onednn_kernel_keeps_the_plain_weight_in_a_float32_gemm(monkeypa
     assert isinstance(lin, PackedLinear) and not lin.onednn and "kernel=float32" in repr(lin)
     with torch.inference_mode():
         assert torch.equal(lin(x), want)
+        # a few rows (eager decode): ATen's bfloat16 GEMM on the weight itself, as nn.Linear
+        few = x[:WIDEN_ROWS - 1]
+        assert torch.equal(lin(few), F.linear(few, lin.plain))
