@@ -12,6 +12,7 @@ class A2SFCache(RegionCache):
     """
     stats = ("s",)
     wants_probs = True
+    exact_bulk = True
     options = {"forgetting_factor": 0.2}
     description = "evict the lowest attention score accumulated with a forgetting factor"
 

@@ -12,6 +12,7 @@ class H2OCache(RegionCache):
     """
     stats = ("acc",)
     wants_probs = True
+    exact_bulk = True
     description = "evict the middle token with the least accumulated attention (heavy hitters)"
 
     def accumulate(self, p: Tensor, positions: Tensor) -> None:

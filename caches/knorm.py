@@ -13,5 +13,11 @@ class KnormCache(RegionCache):
     """
     description = "evict the middle token whose key has the largest L2 norm (no attention needed)"
 
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        # A key's norm is its score: an INT8 middle changes it as the token enters, and the
+        # bulk pass scores the token before that.
+        self.exact_bulk = not self.middle_int8
+
     def score(self, cur: Tensor) -> Tensor:
         return -coarse(self.all_keys().norm(dim=-1))

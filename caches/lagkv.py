@@ -27,6 +27,9 @@ class LagKVCache(RegionCache):
     stats = ("lag_score", "keep")
     options = {"lag": None, "lag_keep_ratio": 0.5}
     description = "attention-free: score lag partitions by their successor's min/max, keep the top"
+    # A partition is scored before its tokens leave the window (L <= window / 2), and an
+    # unselected token (-inf) goes at the step it leaves: the bulk pass is the token steps.
+    exact_bulk = True
 
     @classmethod
     def check_options(cls, window: int, lag=None, lag_keep_ratio: float = 0.5) -> None:

@@ -12,6 +12,7 @@ class QuantizedCache(RegionCache):
     description = "keep everything: sink + window in the model dtype, all older tokens in INT8"
     always_int8 = True
     keeps_every_token = True
+    exact_bulk = True
 
     def __init__(self, batch_size, n_kv_heads, head_dim, max_seq_length, dtype, rope, *,
                  sink, window, middle, chunk=32, **kw):

@@ -34,6 +34,8 @@ compression step per chunk token, in order) or in one pass (`"bulk"`): every tok
 the window during the chunk and every middle token are candidates; the n lowest-scored go at
 once (scores taken once, after the chunk; ties: oldest first), n = candidates - middle (at
 least every candidate scored -inf), then the survivors move into free middle slots.
+For a policy that marks `exact_bulk` (eviction only, scores fixed before a token can go) the two
+keep the same tokens, and chunked prompts take the pass.
 
 Decode compresses after every token (`compression_interval=1`, the default) or, with interval
 k (at most `chunk`), in one bulk pass after each token whose position p has (p + 1) % k == 0:
@@ -67,6 +69,12 @@ class RegionCache(KVCache):
     compiled_bulk = None      # RegionCache.compress_bulk compiled, shared by every layer
     stats: tuple = ()    # names of per-slot float32 statistics
     has_middle = True
+    # Whether the bulk pass over a prompt chunk leaves exactly the tokens that the chunk's token
+    # steps leave: so when removal is eviction and every token's score is fixed before it can
+    # be a candidate. Keeping the `middle` best of the middle and the tokens that leave the
+    # window is then the same whether they leave one by one or at once, so chunked prompt
+    # compression takes the pass (one call per chunk and layer instead of one per token).
+    exact_bulk = False
 
     def __init__(self, batch_size: int, n_kv_heads: int, head_dim: int, max_seq_length: int,
                  dtype: torch.dtype, rope: Tensor, *, sink: int, window: int, middle: int,
@@ -301,7 +309,7 @@ class RegionCache(KVCache):
                 self.compress_bulk(input_pos.unsqueeze(-1),
                                    rows=(input_pos.view(-1) + 1) % self.interval == 0)
             return
-        if T > 1 and self.bulk:  # the whole chunk in one pass
+        if T > 1 and (self.bulk or self.exact_bulk):  # the whole chunk in one pass
             bulk = self.compiled_bulk or RegionCache.compress_bulk
             bulk(self, input_pos[:, -1:].unsqueeze(-1))
             return

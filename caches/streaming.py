@@ -8,4 +8,5 @@ class StreamingCache(RegionCache):
     buffers only, no statistics.
     """
     has_middle = False
+    exact_bulk = True
     description = "attention sinks + sliding window; the token leaving the window is dropped"

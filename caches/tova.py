@@ -12,6 +12,7 @@ class TOVACache(RegionCache):
     """
     stats = ("last",)
     wants_probs = True
+    exact_bulk = True
     description = "evict the middle token least attended at this step, averaged over all heads"
 
     def accumulate(self, p: Tensor, positions: Tensor) -> None:

@@ -8,6 +8,7 @@ from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
 from caches import POLICIES, FullCache, build_caches, make_cache_factory
 from caches.cam import CaMCache
+from caches.region import RegionCache
 from caches.h2o import H2OCache
 from caches.keydiff import KeyDiffCache
 from caches.knorm import KnormCache
@@ -576,6 +577,52 @@ def test_a_bulk_pass_over_one_token_is_the_token_step(name):
                 k2, v2, stats2 = got[key][p]
                 assert torch.allclose(k, k2, atol=1e-5) and torch.allclose(v, v2, atol=1e-5)
                 assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(stats, stats2))
+
+
+def same_by_position(a, b, atol=1e-4) -> bool:
+    """by_position(a) == by_position(b) up to atol (float32 summation order)."""
+    want, got = by_position(a), by_position(b)
+    return all(sorted(want[key]) == sorted(got[key]) and all(
+        torch.allclose(x, y, atol=atol)
+        for p in want[key] for x, y in zip((*want[key][p][:2], *want[key][p][2]),
+                                           (*got[key][p][:2], *got[key][p][2])))
+        for key in want)
+
+
+@pytest.mark.parametrize("name,middle", [(n, m) for n in COMPRESSING
+                                         for m in (["model", "int8"] if POLICIES[n].has_middle
+                                                   else ["model"])])
+def test_the_bulk_pass_is_the_token_steps_exactly_where_the_policy_says_so(name, middle,
+                                                                           monkeypatch):
+    """Two rows read 56 prompt tokens in chunks of 8 over a budget of 16 (the middle full for
+    most of it). Where a policy marks `exact_bulk` (eviction only, every score fixed before its
+    token can go), one bulk pass per chunk leaves the tokens, keys, values and statistics that
+    the chunk's token steps leave, and chunked prompt compression takes the pass. The other
+    policies differ here (merges, or scores that move as the chunk's steps go: WeightedKV's
+    a / n, KeyDiff's mean key, Knorm's norm of an INT8 key), so they keep the token steps."""
+    model = tiny_model()
+    ids = torch.randint(0, 256, (2, 56), generator=torch.Generator().manual_seed(0))
+
+    def read(mode, token_steps=False):
+        caches = build_caches(model, 2, 256, make_cache_factory(
+            name, cache_size=BUDGET, chunk=8, kv_middle=middle, prompt_compression=mode))
+        for c in caches if token_steps else ():
+            c.exact_bulk = False
+        with torch.inference_mode():
+            for s in range(0, 56, 8):
+                model(ids[:, s:s + 8], torch.arange(s, s + 8).expand(2, 8), caches)
+        return caches
+
+    steps, one_pass = read("chunked", token_steps=True), read("bulk")
+    exact = all(same_by_position(a, b) for a, b in zip(steps, one_pass))
+    assert exact == one_pass[0].exact_bulk
+    calls = []
+    step = RegionCache.compress_step
+    monkeypatch.setattr(RegionCache, "compress_step",
+                        lambda self, cur: calls.append(cur) or step(self, cur))
+    chunked = read("chunked")
+    assert all(same_by_position(a, b, atol=0) for a, b in zip(chunked, one_pass if exact else steps))
+    assert (len(calls) == 0) == exact
 
 
 @pytest.mark.parametrize("int8", [False, True])
