@@ -33,6 +33,12 @@ def put_slots(buf: Tensor, index: Tensor, src) -> None:
     = src[i, j, k, ...] (src a tensor of index's shape, or a number). In a compiled step
     Inductor updates the buffer in place this way; its scatter_ copies the whole buffer out and
     back, which costs as much as reading the cache on every write."""
+    if not torch.compiler.is_compiling():
+        # Eager, scatter_ is one call, where index_put_ takes an index grid per dimension
+        # (four aranges, their views and a broadcast: ~30 us a write, eight writes a step).
+        index = index.long()
+        buf.scatter_(2, index, src.expand(index.shape) if isinstance(src, Tensor) else src)
+        return
     idx = [torch.arange(n, device=index.device).view([n if d == i else 1
                                                        for d in range(index.dim())])
            for i, n in enumerate(index.shape)]

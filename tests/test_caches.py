@@ -726,6 +726,33 @@ def test_prompt_compression_sorts_nothing(mode):
         assert "topk" in ops.seen and not {"sort", "argsort"} & ops.seen, (name, ops.seen)
 
 
+def test_eager_generation_writes_slots_with_scatter_not_index_grids():
+    """Eager, a slot write is one scatter_: index_put_ takes an index grid per dimension (four
+    aranges, their views and a broadcast), which made a token step of ~25 writes and reads
+    twice as slow. Compiled steps keep index_put_, which Inductor updates in place
+    (`test_a_compiled_step_writes_the_cache_in_place`); `test_inductor_compiled_policy_matches_eager`
+    compares the two. Every policy, a prompt and decode steps."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    model = tiny_model()
+    for name in COMPRESSING:
+        factory = make_cache_factory(name, cache_size=BUDGET, chunk=8)
+        with Ops() as ops:
+            Generator(model, max_seq_length=128, make_cache=factory).generate(
+                list(range(1, 60)), 4)
+        assert "scatter_" in ops.seen and not {"index_put_", "_index_put_impl_"} & ops.seen, \
+            (name, ops.seen)
+
+
 # ---- bad input ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs,needle", [
