@@ -1,8 +1,9 @@
 """Probe: one layer's compiled compression step, per policy, in microseconds.
 
-    python scripts/compress_step_probe.py [POLICY,POLICY,...] [DTYPE] [step|bulk]
+    python scripts/compress_step_probe.py [POLICY,POLICY,...] [DTYPE] [step|bulk|eager]
 
-`bulk` times the bulk pass instead (the one a prompt chunk with `--prompt_compression bulk`
+`eager` times the token step uncompiled, as `generate.py` runs it without --compile (every
+decode step and every prompt token of a policy that keeps the token steps). `bulk` times the bulk pass instead (the one a prompt chunk with `--prompt_compression bulk`
 takes, here at the position after the prompt, where no chunk is waiting: the same ops, on
 the same shapes) and prints its compile time too.
 
@@ -36,15 +37,16 @@ DEFAULT = "streaming,h2o,tova,a2sf,weightedkv,weightedkv-evict,cam,lagkv,knorm,k
 def main(policies: list, dtype: str, what: str) -> None:
     torch.set_num_threads(2)
     model = load_model(resolve_checkpoint(None), dtype=DTYPES[dtype])
-    fn = RegionCache.compress_step if what == "step" else RegionCache.compress_bulk
-    name = "compression step" if what == "step" else "bulk pass"
+    fn = RegionCache.compress_bulk if what == "bulk" else RegionCache.compress_step
+    name = {"step": "compression step", "bulk": "bulk pass", "eager": "eager token step"}[what]
     print(f"budget 256, {dtype}, one layer's {name}, us a call (median of 7 x 300)"
-          + ("" if what == "step" else "; compile s"))
+          + ("; compile s" if what == "bulk" else ""))
     for policy in policies:
         # A fresh cache of compiled code per policy: Dynamo tries the guards of every earlier
         # policy's graph first, which would charge later policies a few us each.
         torch._dynamo.reset()
-        step = torch.compile(fn, fullgraph=True, dynamic=False, options=G.COMPRESS_OPTIONS)
+        step = torch.inference_mode()(fn) if what == "eager" else \
+            torch.compile(fn, fullgraph=True, dynamic=False, options=G.COMPRESS_OPTIONS)
         s = G.Session(model, make_cache_factory(policy, cache_size=256, prompt_compression="bulk"),
                       max_seq_length=1400)
         s.append(list(range(100, 1124)))
@@ -61,16 +63,16 @@ def main(policies: list, dtype: str, what: str) -> None:
                 step(cache, cur)
             runs.append((time.perf_counter() - t) / 300 * 1e6)
         print(f"{policy:18s} {statistics.median(runs):6.1f}"
-              + ("" if what == "step" else f" {compile_s:6.1f}"), flush=True)
+              + (f" {compile_s:6.1f}" if what == "bulk" else ""), flush=True)
 
 
 if __name__ == "__main__":
     names = (sys.argv[1] if len(sys.argv) >= 2 else DEFAULT).split(",")
     dtype = sys.argv[2] if len(sys.argv) >= 3 else "bfloat16"
     what = sys.argv[3] if len(sys.argv) >= 4 else "step"
-    if len(sys.argv) > 4 or dtype not in DTYPES or what not in ("step", "bulk"):
+    if len(sys.argv) > 4 or dtype not in DTYPES or what not in ("step", "bulk", "eager"):
         sys.exit("usage: python scripts/compress_step_probe.py [POLICY,POLICY,...] "
-                 "[float32|bfloat16] [step|bulk]")
+                 "[float32|bfloat16] [step|bulk|eager]")
     unknown = [n for n in names if not issubclass(POLICIES.get(n, object), RegionCache)]
     if unknown:
         sys.exit(f"error: {unknown[0]!r} is not a compressing policy; choose from "
