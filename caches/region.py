@@ -70,8 +70,8 @@ class RegionCache(KVCache):
     stats: tuple = ()    # names of per-slot float32 statistics
     has_middle = True
     # Whether the bulk pass over a prompt chunk leaves exactly the tokens that the chunk's token
-    # steps leave: so when removal is eviction and every token's score is fixed before it can
-    # be a candidate. Keeping the `middle` best of the middle and the tokens that leave the
+    # steps leave. It does when removal is eviction and every token's score is fixed before it
+    # can be a candidate: keeping the `middle` best of the middle and the tokens that leave the
     # window is then the same whether they leave one by one or at once, so chunked prompt
     # compression takes the pass (one call per chunk and layer instead of one per token).
     exact_bulk = False
