@@ -703,27 +703,32 @@ def test_victims_by_one_integer_key_are_the_stable_sorts_first():
         assert torch.equal(first_true(mask, K), (~mask).int().argsort(dim=-1, stable=True)[..., :K])
 
 
+def ops_seen(fn) -> set:
+    """The names of the ATen ops that fn() dispatches."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    seen = set()
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Ops():
+        fn()
+    return seen
+
+
 @pytest.mark.parametrize("mode", ["bulk", "snapkv"])
 def test_prompt_compression_sorts_nothing(mode):
     """A GPU compiler builds a sort of up to 512 entries as one Triton kernel, and the bulk
     pass's sorts took tens of seconds to compile on an H100 (PERFORMANCE 7c): a bulk pass and a
     one-shot prompt pick their slots by topk. The ops of whole generations, every policy."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        seen = set()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.seen.add(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
     model = tiny_model()
     for name in COMPRESSING:
         factory = make_cache_factory(name, cache_size=BUDGET, chunk=8, prompt_compression=mode)
-        with Ops() as ops:
-            Generator(model, max_seq_length=128, make_cache=factory).generate(
-                list(range(1, 60)), 4)
-        assert "topk" in ops.seen and not {"sort", "argsort"} & ops.seen, (name, ops.seen)
+        seen = ops_seen(lambda: Generator(model, max_seq_length=128, make_cache=factory).generate(
+            list(range(1, 60)), 4))
+        assert "topk" in seen and not {"sort", "argsort"} & seen, (name, seen)
 
 
 def test_eager_generation_writes_slots_with_scatter_not_index_grids():
@@ -732,25 +737,12 @@ def test_eager_generation_writes_slots_with_scatter_not_index_grids():
     twice as slow. Compiled steps keep index_put_, which Inductor updates in place
     (`test_a_compiled_step_writes_the_cache_in_place`); `test_inductor_compiled_policy_matches_eager`
     compares the two. Every policy, a prompt and decode steps."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = set()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.seen.add(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
     model = tiny_model()
     for name in COMPRESSING:
         factory = make_cache_factory(name, cache_size=BUDGET, chunk=8)
-        with Ops() as ops:
-            Generator(model, max_seq_length=128, make_cache=factory).generate(
-                list(range(1, 60)), 4)
-        assert "scatter_" in ops.seen and not {"index_put_", "_index_put_impl_"} & ops.seen, \
-            (name, ops.seen)
+        seen = ops_seen(lambda: Generator(model, max_seq_length=128, make_cache=factory).generate(
+            list(range(1, 60)), 4))
+        assert "scatter_" in seen and not {"index_put_", "_index_put_impl_"} & seen, (name, seen)
 
 
 # ---- bad input ------------------------------------------------------------------------------
