@@ -162,7 +162,10 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
     logits = None
     for c in range(n_chunks):
         span = start + torch.arange(c * chunk, (c + 1) * chunk, device=dev)
-        logits = prefill_fn(model, caches, tokens[:, c * chunk:(c + 1) * chunk], span, last)
+        # A copy, as for the tokens below: a slice's row stride is the prompt's length, and a
+        # compiled chunk's stride guards would recompile it for every prompt length.
+        piece = tokens[:, c * chunk:(c + 1) * chunk].clone(memory_format=torch.contiguous_format)
+        logits = prefill_fn(model, caches, piece, span, last)
     last = torch.tensor([0], device=dev)
     for t in range(n_chunks * chunk, T):
         # contiguous like the decode loop's own tokens, so the graph's stride guards hold

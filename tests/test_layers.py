@@ -146,6 +146,7 @@ def test_a_compiled_prompt_chunk_runs_its_blocks_through_one_nested_region(polic
     gen = Generator(model, 128, make_cache=factory, compile_prefill=True)
     gen.prefill_fn = torch.compile(G.prefill, backend=backend, fullgraph=True, dynamic=False)
     assert gen.generate(prompt, 12).new_ids[0] == expected
+    gen.generate(prompt + [7] * 11, 2)  # another prompt length: the same chunk graph
     assert len(graphs) == 1  # one chunk shape (full: one bucket)
     blocks = [n.args[1] for n in graphs[0].graph.nodes if "invoke_subgraph" in str(n.target)]
     assert len(blocks) == 6 and len(set(blocks)) == 1
