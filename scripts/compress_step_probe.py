@@ -1,11 +1,12 @@
-"""Probe: one layer's compiled compression step, per policy, in microseconds.
+"""Probe: one layer's compression step, per policy, in microseconds.
 
     python scripts/compress_step_probe.py [POLICY,POLICY,...] [DTYPE] [step|bulk|eager]
 
-`eager` times the token step uncompiled, as `generate.py` runs it without --compile (every
-decode step and every prompt token of a policy that keeps the token steps). `bulk` times the bulk pass instead (the one a prompt chunk with `--prompt_compression bulk`
+`bulk` times the bulk pass instead (the one a prompt chunk with `--prompt_compression bulk`
 takes, here at the position after the prompt, where no chunk is waiting: the same ops, on
-the same shapes) and prints its compile time too.
+the same shapes) and prints its compile time too. `eager` times the token step uncompiled, as
+`generate.py` runs it without --compile (every decode step, and every prompt token of a policy
+that keeps the token steps).
 
 Each policy's session reads a 1k-token prompt (budget 256, bulk prompt compression, 2 threads,
 bfloat16 unless DTYPE says), then layer 0's cache runs the compiled compression step (the one

@@ -540,6 +540,16 @@ def by_position(cache):
     return out
 
 
+def same_by_position(a, b, atol=1e-4) -> bool:
+    """by_position(a) == by_position(b) up to atol (float32 summation order)."""
+    want, got = by_position(a), by_position(b)
+    return all(sorted(want[key]) == sorted(got[key]) and all(
+        torch.allclose(x, y, atol=atol)
+        for p in want[key] for x, y in zip((*want[key][p][:2], *want[key][p][2]),
+                                           (*got[key][p][:2], *got[key][p][2])))
+        for key in want)
+
+
 def bulk_commit(cache, input_pos, probs):
     """commit, with this step's compression done as a bulk pass."""
     if probs is not None:
@@ -569,24 +579,7 @@ def test_a_bulk_pass_over_one_token_is_the_token_step(name):
             a = model(ids[:, t:t + 1], torch.tensor([t]), caches)
             b = model(ids[:, t:t + 1], torch.tensor([t]), bulk)
             assert (a - b).abs().max() < 1e-4  # slot order changes summation order only
-    for c, d in zip(caches, bulk):
-        want, got = by_position(c), by_position(d)
-        for key in want:
-            assert sorted(want[key]) == sorted(got[key])
-            for p, (k, v, stats) in want[key].items():
-                k2, v2, stats2 = got[key][p]
-                assert torch.allclose(k, k2, atol=1e-5) and torch.allclose(v, v2, atol=1e-5)
-                assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(stats, stats2))
-
-
-def same_by_position(a, b, atol=1e-4) -> bool:
-    """by_position(a) == by_position(b) up to atol (float32 summation order)."""
-    want, got = by_position(a), by_position(b)
-    return all(sorted(want[key]) == sorted(got[key]) and all(
-        torch.allclose(x, y, atol=atol)
-        for p in want[key] for x, y in zip((*want[key][p][:2], *want[key][p][2]),
-                                           (*got[key][p][:2], *got[key][p][2])))
-        for key in want)
+    assert all(same_by_position(c, d, atol=1e-5) for c, d in zip(caches, bulk))
 
 
 @pytest.mark.parametrize("name,middle", [(n, m) for n in COMPRESSING
