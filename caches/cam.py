@@ -14,7 +14,8 @@ def uniform(key: Tensor, cur: Tensor, n: int, start: int = 0) -> Tensor:
     compiled graph (or a CUDA graph) replays it exactly.
     """
     i = torch.arange(start, start + n, device=key.device)
-    return uniform_at(key, cur.view(-1, 1), i).unsqueeze(-1)
+    # key [1], or [B] (a stack of layers, RegionCache.settle: each row its layer's key)
+    return uniform_at(key.view(-1, 1), cur.view(-1, 1), i).unsqueeze(-1)
 
 
 def uniform_at(key: Tensor, cur: Tensor, i: Tensor) -> Tensor:

@@ -313,12 +313,49 @@ class RegionCache(KVCache):
             bulk = self.compiled_bulk or RegionCache.compress_bulk
             bulk(self, input_pos[:, -1:].unsqueeze(-1))
             return
-        # A prompt chunk compresses token by token: the compiled step (set by compile_decode)
-        # turns ~25 small eager ops per token and layer into one call.
-        compress = self.compiled_compress if T > 1 and self.compiled_compress else \
-            RegionCache.compress_step
-        for i in range(T):
+        if T > 1 and self.waiting is not None:  # every layer's token steps at once (settle)
+            self.waiting.append(self)
+            return
+        self.token_steps(input_pos)
+
+    def token_steps(self, input_pos: Tensor) -> None:
+        """One compression step for each token of input_pos [B, T], in order. A prompt chunk's
+        go through the compiled step when there is one (set by compile_decode): it turns ~60
+        small eager ops per token into one call."""
+        compress = self.compiled_compress if input_pos.shape[1] > 1 and self.compiled_compress \
+            else RegionCache.compress_step
+        for i in range(input_pos.shape[1]):
             compress(self, input_pos[:, i:i + 1].unsqueeze(-1))
+
+    def settle(self, waiting: list, input_pos: Tensor) -> None:
+        """The token steps of a prompt chunk for every layer whose cache waited: caches alike
+        (same class, settings and buffer shapes) are stacked into one cache, a row per layer
+        and row, which takes the chunk's T steps once instead of once per layer (the ops of a
+        step are small: their count, not their size, is the cost). Exactly the steps each cache
+        takes alone: a step's every op is per row. The stack is a copy, made per chunk and
+        written back, in parts of at most STACK_BYTES."""
+        groups: dict = {}
+        for cache in waiting:
+            groups.setdefault(cache.alike(), []).append(cache)
+        for group in groups.values():
+            n = max(1, STACK_BYTES // max(1, group[0].nbytes))
+            for part in (group[i:i + n] for i in range(0, len(group), n)):
+                if len(part) == 1:
+                    part[0].token_steps(input_pos)
+                    continue
+                stack = stacked(part)
+                stack.token_steps(input_pos.repeat(len(part), 1))
+                unstack(stack, part)
+
+    def alike(self) -> tuple:
+        """What caches must share to be stacked: class, settings (every plain attribute but
+        the layer's index) and buffer shapes."""
+        plain = (int, float, str, bool, type(None))
+        settings = sorted((k, v) for k, v in vars(self).items()
+                          if isinstance(v, plain) and k != "layer_id")
+        shapes = [(k, tuple(b.shape), b.dtype) for k, b in self._buffers.items()]
+        return (type(self), tuple(settings), tuple(shapes), self.rope.data_ptr(),
+                self.shard, self.compiled_compress)
 
     def reset(self) -> None:
         self.due = True
@@ -499,6 +536,33 @@ class RegionCache(KVCache):
     def remove_bulk(self, victims: Tensor, do: Tensor, cur: Tensor) -> None:
         """victims [B, H, K] global slots, removed where do [B, H, K]."""
         put_slots(self.pos, victims, torch.where(do, -1, self.pos.gather(2, victims)))
+
+
+# The most bytes of cache that one stack copies (RegionCache.settle): a bound on the transient
+# memory. The default model's 30 layers at a budget of 256 take 7 MiB in float32.
+STACK_BYTES = 256 * 2**20
+
+
+def stacked(caches: list) -> RegionCache:
+    """Caches alike as one: a copy of the first whose buffers hold every cache's rows, layer
+    after layer (row l * B + b is row b of caches[l]); each row keeps its layer's random key."""
+    import copy
+    stack = copy.copy(caches[0])
+    stack.waiting = None
+    B = caches[0].pos.shape[0]
+    stack._buffers = {name: (t if name == "rope" or t is None else torch.cat(
+        [c._buffers[name].expand(B) if name == "rng_key" else c._buffers[name]
+         for c in caches])) for name, t in caches[0]._buffers.items()}
+    return stack
+
+
+def unstack(stack: RegionCache, caches: list) -> None:
+    """Write a stack's rows back into the caches it was made of."""
+    B = caches[0].pos.shape[0]
+    for name, t in stack._buffers.items():
+        if name not in ("rope", "rng_key") and t is not None:
+            for i, c in enumerate(caches):
+                c._buffers[name].copy_(t[i * B:(i + 1) * B])
 
 
 def coarse(score: Tensor, step: float = 2.0**-12) -> Tensor:

@@ -618,6 +618,49 @@ def test_the_bulk_pass_is_the_token_steps_exactly_where_the_policy_says_so(name,
     assert (len(calls) == 0) == exact
 
 
+@pytest.mark.parametrize("name,kw", [
+    *((n, {"kv_middle": m}) for n in ("weightedkv", "weightedkv-evict", "cam", "keydiff")
+      for m in (["model", "int8"] if POLICIES[n].has_middle else ["model"])),
+    ("knorm", {"kv_middle": "int8"}),
+    ("weightedkv", {"positions": "cache"}),
+    ("weightedkv,cam", {"layer_pattern": "repeat"}),  # two kinds, alternating
+])
+def test_a_prompt_chunk_takes_its_token_steps_for_every_layer_at_once(name, kw, monkeypatch):
+    """Two rows read 56 prompt tokens in chunks of 8 over a budget of 16. Policies that keep
+    the token steps (no exact pass) wait until every layer has attended, then the caches alike
+    take the chunk's steps stacked, one call per token for all layers: the same buffers, bit
+    for bit, and the same logits as each layer stepping its own cache right after attending."""
+    model = tiny_model(n_layer=4)
+    ids = torch.randint(0, 256, (2, 56), generator=torch.Generator().manual_seed(0))
+    calls = []
+    step = RegionCache.compress_step
+    monkeypatch.setattr(RegionCache, "compress_step",
+                        lambda self, cur: calls.append(cur) or step(self, cur))
+
+    def read():
+        calls.clear()
+        caches = build_caches(model, 2, 256, make_cache_factory(name, cache_size=BUDGET,
+                                                                chunk=8, **kw))
+        with torch.inference_mode():
+            logits = [model(ids[:, s:s + 8], torch.arange(s, s + 8).expand(2, 8), caches)
+                      for s in range(0, 56, 8)]
+        return caches, torch.cat(logits, 1), len(calls)
+
+    together, logits, n_together = read()
+    layers = len(model.layers)
+    kinds = len({c.alike() for c in together})  # caches alike stack: one stack per kind
+    assert 1 <= kinds < layers and n_together == 56 * kinds
+    assert all(not c.exact_bulk for c in together)
+    monkeypatch.setattr(RegionCache, "settle",  # each layer's steps on its own cache
+                        lambda self, waiting, pos: [c.token_steps(pos) for c in waiting])
+    alone, logits_alone, n_alone = read()
+    assert n_alone == 56 * layers
+    assert torch.equal(logits, logits_alone)
+    for a, b in zip(together, alone):
+        assert a.state().keys() == b.state().keys()
+        assert all(torch.equal(x, b.state()[k]) for k, x in a.state().items())
+
+
 @pytest.mark.parametrize("int8", [False, True])
 def test_weightedkv_bulk_pass_merges_a_run_of_victims_into_one_neighbour(int8):
     """Sink 1, window 2, middle 1; tokens 0-2 one by one, then a chunk of 4 (positions 3-6)
