@@ -402,8 +402,10 @@ class Transformer(nn.Module):
                 x = step(layer, x, input_pos, cache)
                 continue
             cache.waiting = waiting
-            x = layer(x, input_pos, cache)
-            cache.waiting = None
+            try:
+                x = layer(x, input_pos, cache)
+            finally:
+                cache.waiting = None
         if waiting:
             waiting[0].settle(waiting, input_pos)
         if out_idx is not None:

@@ -35,7 +35,9 @@ the window during the chunk and every middle token are candidates; the n lowest-
 once (scores taken once, after the chunk; ties: oldest first), n = candidates - middle (at
 least every candidate scored -inf), then the survivors move into free middle slots.
 For a policy that marks `exact_bulk` (eviction only, scores fixed before a token can go) the two
-keep the same tokens, and chunked prompts take the pass.
+keep the same tokens, and chunked prompts take the pass. The other policies' token steps wait,
+in an eager prompt chunk, until every layer has attended (`settle`): caches alike then take them
+together, stacked.
 
 Decode compresses after every token (`compression_interval=1`, the default) or, with interval
 k (at most `chunk`), in one bulk pass after each token whose position p has (p + 1) % k == 0:
@@ -539,7 +541,7 @@ class RegionCache(KVCache):
 
 
 # The most bytes of cache that one stack copies (RegionCache.settle): a bound on the transient
-# memory. The default model's 30 layers at a budget of 256 take 7 MiB in float32.
+# memory. The default model's 30 layers at a budget of 256 take 13 MiB in float32.
 STACK_BYTES = 256 * 2**20
 
 
