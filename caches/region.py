@@ -357,7 +357,7 @@ class RegionCache(KVCache):
                           if isinstance(v, plain) and k != "layer_id")
         shapes = [(k, tuple(b.shape), b.dtype) for k, b in self._buffers.items()]
         return (type(self), tuple(settings), tuple(shapes), self.rope.data_ptr(),
-                self.shard, self.compiled_compress)
+                id(self.shard), self.compiled_compress)
 
     def reset(self) -> None:
         self.due = True
