@@ -394,9 +394,9 @@ class Transformer(nn.Module):
         # The nested block region serves compiled graphs and the single-token step; eager
         # prompt chunks call the blocks directly.
         step = self.block_step if idx.shape[1] == 1 or torch.compiler.is_compiling() else None
-        # An eager prompt chunk: a cache may leave its compression for after the last layer (a
-        # layer reads only its own cache), so that caches alike compress together (`settle`).
-        waiting = [] if step is None and idx.shape[1] > 1 else None
+        # Eager: a cache may leave its compression for after the last layer (a layer reads
+        # only its own cache), so that caches alike compress together (`settle`).
+        waiting = [] if step is None else None
         for layer, cache in zip(self.layers, caches):
             if step is not None:
                 x = step(layer, x, input_pos, cache)

@@ -8,11 +8,11 @@ Each step, for one layer:
     cache.commit(input_pos, probs)                   # statistics and compression happen here
     cache.after_step()                               # host side, `scheduled` caches only
 
-An eager prompt chunk (T > 1) may leave its compression for later: the model sets
-`cache.waiting` to a list, a cache that waits appends itself in `commit`, and after the last layer
-the model calls `waiting[0].settle(waiting, input_pos)`, which compresses every cache in the list
-(a layer's cache is read by that layer only, so waiting until every layer has attended changes
-nothing; caches alike then compress together, RegionCache.settle).
+An eager step may leave its compression for later: the model sets `cache.waiting` to a list, a
+cache that waits appends itself in `commit`, and after the last layer the model calls
+`waiting[0].settle(waiting, input_pos)`, which compresses every cache in the list (a layer's
+cache is read by that layer only, so waiting until every layer has attended changes nothing;
+caches alike then compress together, RegionCache.settle).
 
 `update` takes this step's un-rotated q [B, H, T, D] and k/v [B, Hkv, T, D] at positions
 input_pos [B, T] (each row at its own position), applies RoPE at the positions it chooses,
@@ -64,7 +64,7 @@ class KVCache(nn.Module):
     #                            changes nothing the stream reads (continuous batching relies on it)
     description = ""      # one line for --list_caches
     options: dict = {}    # policy options (name -> default) a policy accepts
-    waiting = None        # set by the model around an eager prompt chunk (above)
+    waiting = None        # set by the model around an eager step's block (above)
     interval = 1          # compression_interval (> 1: compress in one pass every k positions)
 
     @classmethod
@@ -88,7 +88,7 @@ class KVCache(nn.Module):
 
     def settle(self, waiting: list, input_pos: Tensor) -> None:
         """Do the work that the caches in `waiting` (this one among them) left in `commit` for
-        the prompt chunk at input_pos [B, T]."""
+        the step at input_pos [B, T]."""
         raise NotImplementedError
 
     @property

@@ -36,7 +36,7 @@ once (scores taken once, after the chunk; ties: oldest first), n = candidates - 
 least every candidate scored -inf), then the survivors move into free middle slots.
 For a policy that marks `exact_bulk` (eviction only, scores fixed before a token can go) the two
 keep the same tokens, and chunked prompts take the pass. The other policies' token steps wait,
-in an eager prompt chunk, until every layer has attended (`settle`): caches alike then take them
+in an eager step, until every layer has attended (`settle`): caches alike then take them
 together, stacked.
 
 Decode compresses after every token (`compression_interval=1`, the default) or, with interval
@@ -315,7 +315,9 @@ class RegionCache(KVCache):
             bulk = self.compiled_bulk or RegionCache.compress_bulk
             bulk(self, input_pos[:, -1:].unsqueeze(-1))
             return
-        if T > 1 and self.waiting is not None:  # every layer's token steps at once (settle)
+        # Eager, every layer's token steps at once (settle). A compiled step never reads the
+        # list: its guards would then check the attribute.
+        if not torch.compiler.is_compiling() and self.waiting is not None:
             self.waiting.append(self)
             return
         self.token_steps(input_pos)
@@ -330,17 +332,22 @@ class RegionCache(KVCache):
             compress(self, input_pos[:, i:i + 1].unsqueeze(-1))
 
     def settle(self, waiting: list, input_pos: Tensor) -> None:
-        """The token steps of a prompt chunk for every layer whose cache waited: caches alike
-        (same class, settings and buffer shapes) are stacked into one cache, a row per layer
-        and row, which takes the chunk's T steps once instead of once per layer (the ops of a
-        step are small: their count, not their size, is the cost). Exactly the steps each cache
-        takes alone: a step's every op is per row. The stack is a copy, made per chunk and
-        written back, in parts of at most STACK_BYTES."""
+        """The token steps of an eager step (a prompt chunk's T, or a decode step's one) for
+        every layer whose cache waited: caches alike (same class, settings and buffer shapes)
+        are stacked into one cache, a row per layer and row, which takes the T steps once
+        instead of once per layer (the ops of a step are small: their count, not their size,
+        is the cost). Exactly the steps each cache takes alone: a step's every op is per row.
+        The stack is a copy, made per step and written back, in parts of at most STACK_BYTES,
+        and only where the copy costs less than the calls it saves (STEP_BYTES)."""
         groups: dict = {}
         for cache in waiting:
             groups.setdefault(cache.alike(), []).append(cache)
+        T = input_pos.shape[1]
         for group in groups.values():
-            n = max(1, STACK_BYTES // max(1, group[0].nbytes))
+            nbytes = max(1, group[0].nbytes)
+            # A stack copies each cache in and out once for the T steps: it pays while that is
+            # cheaper than T calls per layer (STEP_BYTES a call).
+            n = max(1, STACK_BYTES // nbytes) if nbytes <= T * STEP_BYTES else 1
             for part in (group[i:i + n] for i in range(0, len(group), n)):
                 if len(part) == 1:
                     part[0].token_steps(input_pos)
@@ -543,6 +550,10 @@ class RegionCache(KVCache):
 # The most bytes of cache that one stack copies (RegionCache.settle): a bound on the transient
 # memory. The default model's 30 layers at a budget of 256 take 13 MiB in float32.
 STACK_BYTES = 256 * 2**20
+# The cache bytes whose copy costs about one eager token step's call (~0.3 ms on a 2-core CPU,
+# ~4 bytes moved per byte at 20-30 GB/s): a layer's cache at most T times this is stacked for
+# T steps. Decode (T = 1) stacks the default model's layers up to a budget of about 500.
+STEP_BYTES = 2**20
 
 
 def stacked(caches: list) -> RegionCache:

@@ -625,13 +625,14 @@ def test_the_bulk_pass_is_the_token_steps_exactly_where_the_policy_says_so(name,
     ("weightedkv", {"positions": "cache"}),
     ("weightedkv,cam", {"layer_pattern": "repeat"}),  # two kinds, alternating
 ])
-def test_a_prompt_chunk_takes_its_token_steps_for_every_layer_at_once(name, kw, monkeypatch):
-    """Two rows read 56 prompt tokens in chunks of 8 over a budget of 16. Policies that keep
-    the token steps (no exact pass) wait until every layer has attended, then the caches alike
-    take the chunk's steps stacked, one call per token for all layers: the same buffers, bit
-    for bit, and the same logits as each layer stepping its own cache right after attending."""
+def test_eager_token_steps_run_for_every_layer_at_once(name, kw, monkeypatch):
+    """Two rows read 56 prompt tokens in chunks of 8 over a budget of 16, then decode 8 tokens,
+    eager. Policies that keep the token steps (no exact pass) wait until every layer has
+    attended, then the caches alike take the step's token steps stacked, one call per token for
+    all layers: the same buffers, bit for bit, and the same logits as each layer stepping its
+    own cache right after attending."""
     model = tiny_model(n_layer=4)
-    ids = torch.randint(0, 256, (2, 56), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
     calls = []
     step = RegionCache.compress_step
     monkeypatch.setattr(RegionCache, "compress_step",
@@ -644,17 +645,18 @@ def test_a_prompt_chunk_takes_its_token_steps_for_every_layer_at_once(name, kw, 
         with torch.inference_mode():
             logits = [model(ids[:, s:s + 8], torch.arange(s, s + 8).expand(2, 8), caches)
                       for s in range(0, 56, 8)]
+            logits += [model(ids[:, t:t + 1], torch.tensor([t]), caches) for t in range(56, 64)]
         return caches, torch.cat(logits, 1), len(calls)
 
     together, logits, n_together = read()
     layers = len(model.layers)
     kinds = len({c.alike() for c in together})  # caches alike stack: one stack per kind
-    assert 1 <= kinds < layers and n_together == 56 * kinds
+    assert 1 <= kinds < layers and n_together == 64 * kinds
     assert all(not c.exact_bulk for c in together)
     monkeypatch.setattr(RegionCache, "settle",  # each layer's steps on its own cache
                         lambda self, waiting, pos: [c.token_steps(pos) for c in waiting])
     alone, logits_alone, n_alone = read()
-    assert n_alone == 56 * layers
+    assert n_alone == 64 * layers
     assert torch.equal(logits, logits_alone)
     for a, b in zip(together, alone):
         assert a.state().keys() == b.state().keys()
