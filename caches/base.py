@@ -27,6 +27,8 @@ moves it, and `state()` is everything a saved session needs.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn as nn
 from torch import Tensor
@@ -130,6 +132,15 @@ class KVCache(nn.Module):
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """x [B, H, T, D] rotated at positions [B, T]."""
         return apply_rope(x, self.rope[positions].unsqueeze(1))
+
+    def with_buffers(self, buffers: dict) -> "KVCache":
+        """This cache with other buffers (name -> tensor, every name of its own): a shallow
+        copy, the same settings, reading and writing `buffers` (a row's view, a stack of
+        layers)."""
+        other = copy.copy(self)
+        other._buffers = dict(buffers)
+        other.waiting = None
+        return other
 
     def state(self) -> dict:
         """The buffers that hold the stream (the shared RoPE table excluded)."""

@@ -559,14 +559,10 @@ STEP_BYTES = 2**20
 def stacked(caches: list) -> RegionCache:
     """Caches alike as one: a copy of the first whose buffers hold every cache's rows, layer
     after layer (row l * B + b is row b of caches[l]); each row keeps its layer's random key."""
-    import copy
-    stack = copy.copy(caches[0])
-    stack.waiting = None
     B = caches[0].pos.shape[0]
-    stack._buffers = {name: (t if name == "rope" or t is None else torch.cat(
+    return caches[0].with_buffers({name: (t if name == "rope" or t is None else torch.cat(
         [c._buffers[name].expand(B) if name == "rng_key" else c._buffers[name]
-         for c in caches])) for name, t in caches[0]._buffers.items()}
-    return stack
+         for c in caches])) for name, t in caches[0]._buffers.items()})
 
 
 def unstack(stack: RegionCache, caches: list) -> None:

@@ -529,11 +529,8 @@ def describe_spec(spec: dict) -> str:
 def row_view(cache, b: int):
     """Cache `cache` seen as batch row b alone: its buffers are views of row b, so in-place
     writes land in the batched buffers (a row's prompt is prefilled on its own)."""
-    import copy
-    view = copy.copy(cache)
-    view._buffers = {name: (t if name in ("rope", "rng_key") or t is None else t[b:b + 1])
-                     for name, t in cache._buffers.items()}
-    return view
+    return cache.with_buffers({name: (t if name in ("rope", "rng_key") or t is None
+                                      else t[b:b + 1]) for name, t in cache._buffers.items()})
 
 
 class Generator(Session):
