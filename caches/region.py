@@ -552,7 +552,7 @@ class RegionCache(KVCache):
 STACK_BYTES = 256 * 2**20
 # The cache bytes whose copy costs about one eager token step's call (~0.3 ms on a 2-core CPU,
 # ~4 bytes moved per byte at 20-30 GB/s): a layer's cache at most T times this is stacked for
-# T steps. Decode (T = 1) stacks the default model's layers up to a budget of about 500.
+# T steps. Decode (T = 1) stacks the default model's layers up to a budget of about 600 (float32).
 STEP_BYTES = 2**20
 
 
