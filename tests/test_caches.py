@@ -630,7 +630,7 @@ def test_eager_token_steps_run_for_every_layer_at_once(name, kw, monkeypatch):
     eager. Policies that keep the token steps (no exact pass) wait until every layer has
     attended, then the caches alike take the step's token steps stacked, one call per token for
     all layers: the same buffers, bit for bit, and the same logits as each layer stepping its
-    own cache right after attending."""
+    own cache right after attending. Decode steps stack only caches of at most STEP_BYTES."""
     model = tiny_model(n_layer=4)
     ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
     calls = []
@@ -653,6 +653,12 @@ def test_eager_token_steps_run_for_every_layer_at_once(name, kw, monkeypatch):
     kinds = len({c.alike() for c in together})  # caches alike stack: one stack per kind
     assert 1 <= kinds < layers and n_together == 64 * kinds
     assert all(not c.exact_bulk for c in together)
+    # A decode step stacks only caches whose copy costs less than the calls it saves.
+    monkeypatch.setattr("caches.region.STEP_BYTES", min(c.nbytes for c in together) - 1)
+    assert read()[2] == 56 * kinds + 8 * layers
+    monkeypatch.undo()
+    monkeypatch.setattr(RegionCache, "compress_step",
+                        lambda self, cur: calls.append(cur) or step(self, cur))
     monkeypatch.setattr(RegionCache, "settle",  # each layer's steps on its own cache
                         lambda self, waiting, pos: [c.token_steps(pos) for c in waiting])
     alone, logits_alone, n_alone = read()
