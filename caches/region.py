@@ -344,7 +344,7 @@ class RegionCache(KVCache):
             groups.setdefault(cache.alike(), []).append(cache)
         T = input_pos.shape[1]
         for group in groups.values():
-            nbytes = max(1, group[0].nbytes)
+            nbytes = group[0].nbytes
             # A stack copies each cache in and out once for the T steps: it pays while that is
             # cheaper than T calls per layer (STEP_BYTES a call).
             n = max(1, STACK_BYTES // nbytes) if nbytes <= T * STEP_BYTES else 1
