@@ -83,6 +83,9 @@ def build_parser() -> Parser:
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs; medians reported")
     p.add_argument("--compile", choices=["on", "off", "both"], default="both",
                    help="time the compiled decode step, the eager one, or both")
+    p.add_argument("--compile_prefill", action="store_true",
+                   help="compiled rows also compile the prompt (as generate.py's flag; mode "
+                        "'compiled+', its compile time in comp s)")
     p.add_argument("--peer", choices=["transformers", "llama.cpp"], default=None,
                    help="also run the same weights through this library and report the ratio "
                         "(llama.cpp: the full cache only)")
@@ -288,19 +291,25 @@ def bench_engine(model, policy, factory, settings, context, prompt, args, compil
         torch.compiler.reset()  # every row compiles from scratch: compile_s is its own
     reset_peak_memory(device)
     # +1: prefill makes the first token, then new_tokens decode steps are timed.
+    compile_prefill = compiled and args.compile_prefill
     gen = Generator(model, context + args.new_tokens + 1, batch_size=batch, make_cache=factory,
-                    compile=compiled)
+                    compile=compiled, compile_prefill=compile_prefill)
     warm = gen.warmup(0.0, None)
     # A short untimed run warms the loop, the chunked-prefill graph and anything the warm-up
     # step did not reach, without paying for a long prefill (median of repeats absorbs the rest).
-    gen.generate(prompt[:48], 3, temperature=0.0)
+    # A compiled prompt that is not chunked has a graph per length bucket: the whole prompt.
+    t = time.perf_counter()
+    gen.generate(prompt if compile_prefill and gen.prefill_chunk is None else prompt[:48], 3,
+                 temperature=0.0)
+    if compile_prefill:  # that run compiled the prompt's graph
+        warm += time.perf_counter() - t
     runs = [gen.generate(prompt, args.new_tokens + 1, temperature=0.0)
             for _ in range(args.repeats)]
     steps = statistics.median(g.tokens_per_s for g in runs)  # decode steps per second
     ttft = statistics.median(g.prefill_s for g in runs)
     w, kv = weight_bytes_per_token(model), kv_bytes_per_token(gen.caches, context)
     row = dict(engine="regionkv", policy=policy, **settings, context=context, batch_size=batch,
-               compiled=compiled, new_tokens=args.new_tokens,
+               compiled=compiled, compiled_prefill=compile_prefill, new_tokens=args.new_tokens,
                decode_tokens_per_s=batch * steps,
                decode_ms_per_token=1e3 / steps if steps else None,
                prefill_tokens_per_s=batch * context / ttft, ttft_s=ttft,
@@ -612,7 +621,7 @@ def print_table(result) -> None:
             f"{'%bw':>5}{'cacheMiB':>9}{'peakMiB':>8}")
     print(head)
     for r in result["rows"]:
-        mode = "compiled" if r["compiled"] else "eager"
+        mode = ("compiled" + "+" * r["compiled_prefill"]) if r["compiled"] else "eager"
         print(f"{r['engine']:<13}{mode:<9}{r['policy']:<18}{r['context']:>6}{r['batch_size']:>3}"
               f"{fmt(r['decode_tokens_per_s'], '.1f'):>9}{fmt(r['decode_ms_per_token'], '.2f'):>8}"
               f"{fmt(r['overhead_ms_per_token'], '+.2f'):>8}{r['prefill_tokens_per_s']:>10.0f}"

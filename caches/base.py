@@ -12,7 +12,9 @@ An eager step may leave its compression for later: the model sets `cache.waiting
 cache that waits appends itself in `commit`, and after the last layer the model calls
 `waiting[0].settle(waiting, input_pos)`, which compresses every cache in the list (a layer's
 cache is read by that layer only, so waiting until every layer has attended changes nothing;
-caches alike then compress together, RegionCache.settle).
+caches alike then compress together, RegionCache.settle). A traced prompt chunk leaves it too,
+with no list: whoever calls the chunk's graph settles, after it, the caches whose
+`takes_token_steps(T)` holds.
 
 `update` takes this step's un-rotated q [B, H, T, D] and k/v [B, Hkv, T, D] at positions
 input_pos [B, T] (each row at its own position), applies RoPE at the positions it chooses,
@@ -67,6 +69,7 @@ class KVCache(nn.Module):
     description = ""      # one line for --list_caches
     options: dict = {}    # policy options (name -> default) a policy accepts
     waiting = None        # set by the model around an eager step's block (above)
+    fresh = False         # set on the host before a compiled prompt graph: every row starts at 0
     interval = 1          # compression_interval (> 1: compress in one pass every k positions)
 
     @classmethod
@@ -87,6 +90,11 @@ class KVCache(nn.Module):
 
     def commit(self, input_pos: Tensor, probs) -> None:
         """After attention: probs [B, Hkv, G, T, S] (float32) if `wants_probs`, else None."""
+
+    def takes_token_steps(self, T: int) -> bool:
+        """Whether `commit` of a T-token step leaves work for `settle` (in an eager step or a
+        traced prompt chunk, above)."""
+        return False
 
     def settle(self, waiting: list, input_pos: Tensor) -> None:
         """Do the work that the caches in `waiting` (this one among them) left in `commit` for

@@ -14,10 +14,7 @@ def scatter_tokens(buf: Tensor, slots: Tensor, x: Tensor) -> None:
 
 
 def starts_fresh(input_pos: Tensor) -> bool:
-    """Every row holds positions 0..T-1 (an eager prompt from the start; one host sync, which
-    compiled graphs skip: they keep the masked path)."""
-    if torch.compiler.is_compiling():
-        return False
+    """Every row holds positions 0..T-1 (an eager prompt from the start; one host sync)."""
     T = input_pos.shape[1]
     return bool((input_pos == torch.arange(T, device=input_pos.device)).all())
 
@@ -51,7 +48,10 @@ class FullCache(KVCache):
         scatter_tokens(self.v, input_pos, v)
         put_slots(self.pos, input_pos.unsqueeze(1), input_pos.unsqueeze(1))
         T = input_pos.shape[1]
-        if T > 1 and not self.wants_probs and starts_fresh(input_pos):
+        # A compiled prompt graph cannot sync: its caller says whether the rows start at 0
+        # (`fresh`, a graph for each answer).
+        if T > 1 and not self.wants_probs and (
+                self.fresh if torch.compiler.is_compiling() else starts_fresh(input_pos)):
             # A prompt from position 0 attends causally over its own T slots (mask None), not
             # over the whole static buffer with a mask: a quarter of the work at 4k of 8k.
             return KVView(q, [KVSegment(self.k[:, :, :T], self.v[:, :, :T])], None)

@@ -306,21 +306,31 @@ class RegionCache(KVCache):
             # A KV head's attention is the mean over the query heads of its group.
             self.accumulate(probs.mean(dim=2), input_pos)
         T = input_pos.shape[1]
-        if T == 1 and self.interval > 1:  # one pass every `interval` positions
-            if self.due:  # some row passes; each row on its own schedule
+        if not self.takes_token_steps(T):
+            if T > 1:  # the whole chunk in one pass
+                bulk = self.compiled_bulk or RegionCache.compress_bulk
+                bulk(self, input_pos[:, -1:].unsqueeze(-1))
+            elif self.due:  # one pass every `interval` positions; each row on its own schedule
                 self.compress_bulk(input_pos.unsqueeze(-1),
                                    rows=(input_pos.view(-1) + 1) % self.interval == 0)
             return
-        if T > 1 and (self.bulk or self.exact_bulk):  # the whole chunk in one pass
-            bulk = self.compiled_bulk or RegionCache.compress_bulk
-            bulk(self, input_pos[:, -1:].unsqueeze(-1))
+        if torch.compiler.is_compiling():
+            # The compiled decode step keeps each layer's step. A traced prompt chunk's steps
+            # run after its graph, every layer at once (engine/generation.py, `settling`):
+            # unrolled in the graph, a chunk's 32 steps took minutes to compile. Compiled code
+            # never reads `waiting`: its guards would then check the attribute.
+            if T == 1:
+                self.token_steps(input_pos)
             return
-        # Eager, every layer's token steps at once (settle). A compiled step never reads the
-        # list: its guards would then check the attribute.
-        if not torch.compiler.is_compiling() and self.waiting is not None:
+        if self.waiting is not None:  # eager: every layer's token steps at once (settle)
             self.waiting.append(self)
             return
         self.token_steps(input_pos)
+
+    def takes_token_steps(self, T: int) -> bool:
+        """Whether a T-token step compresses token by token (else in one pass, or not at all
+        this step)."""
+        return not (self.bulk or self.exact_bulk) if T > 1 else self.interval == 1
 
     def token_steps(self, input_pos: Tensor) -> None:
         """One compression step for each token of input_pos [B, T], in order. A prompt chunk's
@@ -332,11 +342,11 @@ class RegionCache(KVCache):
             compress(self, input_pos[:, i:i + 1].unsqueeze(-1))
 
     def settle(self, waiting: list, input_pos: Tensor) -> None:
-        """The token steps of an eager step (a prompt chunk's T, or a decode step's one) for
-        every layer whose cache waited: caches alike (same class, settings and buffer shapes)
-        are stacked into one cache, a row per layer and row, which takes the T steps once
-        instead of once per layer (the ops of a step are small: their count, not their size,
-        is the cost). Exactly the steps each cache takes alone: a step's every op is per row.
+        """The token steps of an eager step or a traced prompt chunk (T tokens; a decode
+        step's one) for every layer whose cache waited: caches alike (same class, settings
+        and buffer shapes) are stacked into one cache, a row per layer and row, which takes
+        the T steps once instead of once per layer (the ops of a step are small: their count,
+        not their size, is the cost). Exactly the steps each cache takes alone: a step's every op is per row.
         The stack is a copy, made per step and written back, in parts of at most STACK_BYTES,
         and only where the copy costs less than the calls it saves (STEP_BYTES)."""
         groups: dict = {}

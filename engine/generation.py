@@ -130,6 +130,19 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     return fn
 
 
+def settling(chunk_graph: Callable) -> Callable:
+    """A compiled prompt chunk `chunk_graph(model, caches, tokens, input_pos, last)` followed by
+    the token steps its caches left out of the graph (RegionCache.commit), every layer at once
+    as after an eager chunk."""
+    def chunk(model: Transformer, caches, tokens: Tensor, input_pos: Tensor, last: Tensor):
+        logits = chunk_graph(model, caches, tokens, input_pos, last)
+        waiting = [c for c in caches if c.takes_token_steps(tokens.shape[1])]
+        if waiting:
+            waiting[0].settle(waiting, input_pos.expand(tokens.shape))
+        return logits
+    return chunk
+
+
 def warmup_positions(caches) -> list:
     """Positions a warm-up steps through: 0 and 1 (the second confirms the graph is reused),
     then each position where a cache's step first takes another variant (the first pass of a
@@ -148,7 +161,12 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
         return prefill_whole(model, caches, tokens)
     if chunk is None:
         # the caller checked the room: the bucket never falls below T
-        T_in = prefill_bucket(T, max_seq_length - int(start.max())) if compiled else T
+        T_in = T
+        if compiled:
+            first = int(start.max())
+            T_in = prefill_bucket(T, max_seq_length - first)
+            for cache in caches:  # the graph cannot see it: a variant for a fresh stream
+                cache.fresh = first == 0
         # Padding sits at positions after the prompt: masked from every real query, and
         # overwritten by the steps that reach those positions.
         padded = torch.zeros(B, T_in, dtype=torch.long, device=dev)
@@ -259,7 +277,7 @@ class Session:
             # A prompt chunk's blocks go through one nested compiled region as well, compiled
             # once instead of unrolled (minutes with compression in every block).
             model.block_step = model.block_step or torch.compiler.nested_compile_region(run_block)
-            self.prefill_fn = torch.compile(prefill, fullgraph=True, dynamic=False)
+            self.prefill_fn = settling(torch.compile(prefill, fullgraph=True, dynamic=False))
         self.reset()
 
     # ---- state -----------------------------------------------------------------------------

@@ -130,8 +130,10 @@ def test_a_plan_compiles_one_block_graph_per_distinct_layer_shape(whole_step):
 def test_a_compiled_prompt_chunk_runs_its_blocks_through_one_nested_region(policy, options):
     """--compile_prefill: a prompt chunk's graph calls one nested block region per layer, as
     the decode step does, instead of unrolling every block (which took minutes to compile with
-    compression in each), and reads the prompt as the eager chunks do."""
+    compression in each), and reads the prompt as the eager chunks do. Token steps run after
+    the graph, every layer at once (one settle a chunk), not unrolled inside it."""
     import engine.generation as G
+    from caches.region import RegionCache
     torch._dynamo.reset()
     model = tiny_model(n_layer=6)
     factory = make_cache_factory(policy, **({"cache_size": 24, "chunk": 8, **options}
@@ -144,8 +146,17 @@ def test_a_compiled_prompt_chunk_runs_its_blocks_through_one_nested_region(polic
         graphs.append(gm)
         return gm.forward
     gen = Generator(model, 128, make_cache=factory, compile_prefill=True)
-    gen.prefill_fn = torch.compile(G.prefill, backend=backend, fullgraph=True, dynamic=False)
-    assert gen.generate(prompt, 12).new_ids[0] == expected
+    gen.prefill_fn = G.settling(torch.compile(G.prefill, backend=backend, fullgraph=True,
+                                              dynamic=False))
+    settles = []
+    settle = RegionCache.settle
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(RegionCache, "settle", lambda self, waiting, input_pos: (
+            settles.append(len(waiting)), settle(self, waiting, input_pos)))
+        assert gen.generate(prompt, 12).new_ids[0] == expected
+    # 39 tokens: 4 chunks of 8, then 7 single tokens (eager steps outside the chunk graph)
+    token_steps = policy == "weightedkv" and not options
+    assert settles[:4] == ([6] * 4 if token_steps else [])
     gen.generate(prompt + [7] * 11, 2)  # another prompt length: the same chunk graph
     assert len(graphs) == 1  # one chunk shape (full: one bucket)
     blocks = [n.args[1] for n in graphs[0].graph.nodes if "invoke_subgraph" in str(n.target)]

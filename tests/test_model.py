@@ -8,7 +8,8 @@ from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 import model as M
 from caches import build_caches
 from conftest import tiny_model
-from engine.generation import Generator, decode_one_token, prefill_bucket, sample
+from engine.generation import (Generator, Session, decode_one_token, prefill, prefill_bucket,
+                               sample)
 
 
 def full_logits(model, ids, max_seq_length=64, make_cache=None):
@@ -156,6 +157,32 @@ def test_fresh_prompt_attends_causally_over_its_own_slots(monkeypatch, dtype):
     assert (causal - masked).abs().max() < (1e-5 if dtype == torch.float32 else 0.1)
     # A chunk that does not start at 0 keeps the mask (it reads the slots before it).
     assert not fresh(torch.arange(5, 9).view(1, -1)) and not fresh(torch.tensor([[0, 1], [3, 4]]))
+
+
+def test_a_compiled_fresh_prompt_attends_causally_over_its_own_slots():
+    """--compile_prefill: a graph cannot read the positions on the host, so read_prompt tells
+    the caches whether every row starts at 0 (`fresh`), one graph each way: a fresh prompt
+    attends causally over its own slots (the eager path), a later turn under the mask."""
+    torch._dynamo.reset()
+    model = tiny_model()
+    prompt, turn = list(range(3, 14)), list(range(20, 29))
+    eager = Session(model, max_seq_length=96)
+    eager.append(prompt)
+    expected = [eager.logits.clone()]
+    eager.append(turn)
+    expected.append(eager.logits)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.print_readable(print_output=False))
+        return gm.forward
+    session = Session(model, max_seq_length=96, compile_prefill=True)
+    session.prefill_fn = torch.compile(prefill, backend=backend, fullgraph=True, dynamic=False)
+    for ids, want in zip((prompt, turn), expected):
+        session.append(ids)
+        assert (session.logits - want).abs().max() < 1e-5
+    assert [g.count("is_causal = True") for g in graphs] == [1, 0]  # one block region each
+    torch._dynamo.reset()
 
 
 def test_explicit_attention_path_matches_sdpa_and_reports_probabilities():
