@@ -346,9 +346,10 @@ class RegionCache(KVCache):
         step's one) for every layer whose cache waited: caches alike (same class, settings
         and buffer shapes) are stacked into one cache, a row per layer and row, which takes
         the T steps once instead of once per layer (the ops of a step are small: their count,
-        not their size, is the cost). Exactly the steps each cache takes alone: a step's every op is per row.
-        The stack is a copy, made per step and written back, in parts of at most STACK_BYTES,
-        and only where the copy costs less than the calls it saves (STEP_BYTES)."""
+        not their size, is the cost). Exactly the steps each cache takes alone: a step's
+        every op is per row. The stack is a copy, made per step and written back, in parts of
+        at most STACK_BYTES, and only where the copy costs less than the calls it saves
+        (STEP_BYTES)."""
         groups: dict = {}
         for cache in waiting:
             groups.setdefault(cache.alike(), []).append(cache)

@@ -163,10 +163,10 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
         # the caller checked the room: the bucket never falls below T
         T_in = T
         if compiled:
-            first = int(start.max())
-            T_in = prefill_bucket(T, max_seq_length - first)
+            furthest = int(start.max())
+            T_in = prefill_bucket(T, max_seq_length - furthest)
             for cache in caches:  # the graph cannot see it: a variant for a fresh stream
-                cache.fresh = first == 0
+                cache.fresh = furthest == 0
         # Padding sits at positions after the prompt: masked from every real query, and
         # overwritten by the steps that reach those positions.
         padded = torch.zeros(B, T_in, dtype=torch.long, device=dev)
