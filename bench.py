@@ -648,6 +648,9 @@ def main(argv=None) -> None:
         print(list_caches())
         return
     notes = []
+    if args.compile_prefill and args.compile == "off":
+        raise UserError("--compile_prefill compiles the prompt of compiled rows: give --compile "
+                        "on or both with it")
     policy_factories(args, [])  # bad cache flags fail before loading
     transformers = None
     if args.peer:

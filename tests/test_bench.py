@@ -44,6 +44,7 @@ def test_bench_rows_and_bytes_per_token(bench, default_checkpoint):
     expected_kv = {"full": per_slot * CONTEXT, "streaming": per_slot * (CACHE_SIZE + 32 + 1)}
     for name, r in rows.items():
         assert r["engine"] == "regionkv" and r["context"] == CONTEXT and r["compiled"] is False
+        assert r["compiled_prefill"] is False
         assert r["weight_bytes_per_token"] == weights
         assert r["kv_bytes_per_token"] == expected_kv[name]
         assert r["bytes_per_token"] == weights + expected_kv[name]
@@ -118,6 +119,7 @@ def assert_one_line_error(status, err, needle):
     (["--batch_size", "1,x"], "--batch_size: '1,x' is not a comma-separated list of positive batch"),
     (["--compile", "maybe"], "--compile"),
     (["--cache", "full", "--kv_middle", "int8"], "--kv_middle int8 needs a policy with a middle"),
+    (["--compile", "off", "--compile_prefill"], "give --compile on or both with it"),
 ])
 def test_bad_arguments_are_one_line_errors(args, needle, capsys):
     assert_one_line_error(*in_process("bench", args, capsys), needle)
