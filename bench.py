@@ -616,13 +616,13 @@ def print_table(result) -> None:
     before, after = result["bandwidth_probes_gbs"]
     print(f"machine streaming-read bandwidth: {result['machine_bandwidth_gbs']:.1f} GB/s (the "
           f"higher of {before:.1f} before and {after:.1f} after the rows)")
-    head = (f"{'engine':<13}{'mode':<9}{'policy':<18}{'ctx':>6}{'B':>3}{'tok/s':>9}{'ms/tok':>8}"
+    head = (f"{'engine':<13}{'mode':<10}{'policy':<18}{'ctx':>6}{'B':>3}{'tok/s':>9}{'ms/tok':>8}"
             f"{'ovh ms':>8}{'prefill/s':>10}{'ttft s':>8}{'comp s':>8}{'MB/tok':>8}{'GB/s':>7}"
             f"{'%bw':>5}{'cacheMiB':>9}{'peakMiB':>8}")
     print(head)
     for r in result["rows"]:
         mode = ("compiled" + "+" * r["compiled_prefill"]) if r["compiled"] else "eager"
-        print(f"{r['engine']:<13}{mode:<9}{r['policy']:<18}{r['context']:>6}{r['batch_size']:>3}"
+        print(f"{r['engine']:<13}{mode:<10}{r['policy']:<18}{r['context']:>6}{r['batch_size']:>3}"
               f"{fmt(r['decode_tokens_per_s'], '.1f'):>9}{fmt(r['decode_ms_per_token'], '.2f'):>8}"
               f"{fmt(r['overhead_ms_per_token'], '+.2f'):>8}{r['prefill_tokens_per_s']:>10.0f}"
               f"{r['ttft_s']:>8.3f}{fmt(r['compile_s'], '.1f'):>8}"
@@ -632,7 +632,7 @@ def print_table(result) -> None:
     for p in result["peer_rows"]:
         ratios = ", ".join(f"{k} {v:.2f}x" for k, v in p["engine_over_peer"].items()) or "-"
         match = {None: "", True: ", greedy tokens match", False: ", greedy tokens DIFFER"}
-        print(f"{p['engine']:<13}{'eager':<9}{p['policy']:<18}{p['context']:>6}{1:>3}"
+        print(f"{p['engine']:<13}{'eager':<10}{p['policy']:<18}{p['context']:>6}{1:>3}"
               f"{fmt(p['decode_tokens_per_s'], '.1f'):>9}{fmt(p['decode_ms_per_token'], '.2f'):>8}"
               f"{'':>8}{p['prefill_tokens_per_s']:>10.0f}{p['ttft_s']:>8.3f}   "
               f"[{p['peer_cache']}; engine/peer {ratios}{match[p['tokens_match']]}]")

@@ -11,7 +11,8 @@
 # the default model: on a GPU machine without it, a random checkpoint of its shapes
 # (`scripts/random_checkpoint.py CONFIG_DIR CKPT --like CONFIG_DIR`, where CONFIG_DIR holds its
 # config.json and tokenizer.json; section 7b). LIKE=CKPT takes the random 8B model's tokenizer
-# from CKPT.
+# from CKPT. PROMPTS=compiled reads the policies' prompts in the default exact order instead of
+# in bulk, each chunk a compiled graph with its token steps after it (--compile_prefill, 6l).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs/perf/cuda}
@@ -39,10 +40,11 @@ if [ "$part" = policies ] || [ "$part" = all ]; then
   # slice of the table: POLICIES and CONTEXTS choose it (policies joined by commas share one
   # process and one streaming row, e.g. POLICIES="h2o,tova,a2sf cam").
   policies=${POLICIES:-weightedkv h2o tova a2sf cam weightedkv-evict lagkv knorm keydiff quantized}
+  prompts=(--prompt_compression bulk); [ "${PROMPTS:-bulk}" = compiled ] && prompts=(--compile_prefill)
   for ctx in ${CONTEXTS:-1024 4096}; do
     for p in full,streaming $policies; do
       run "cuda-policy-${p//,/-}-$ctx" "${model[@]}" --contexts $ctx --cache $p --cache_size 256 \
-        --new_tokens 64 --repeats 2 --compile on --prompt_compression bulk
+        --new_tokens 64 --repeats 2 --compile on "${prompts[@]}"
     done
   done
 fi
