@@ -39,7 +39,8 @@ def build_parser() -> Parser:
     p.add_argument("--seed", type=seed_int, default=None)
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
     p.add_argument("--compile_prefill", action="store_true",
-                   help="also compile prefill (prompts padded to power-of-two buckets)")
+                   help="also compile the prompt (chunks, or power-of-two buckets for full): "
+                        "a long prompt's first token sooner, for one more compile")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="default: bfloat16 on CUDA, float32 on CPU")
