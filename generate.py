@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from core.errors import UserError, as_flags
-from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_cache_arguments,
+from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_cache_arguments, add_compile_arguments,
                         cache_factory_from_args, cache_slots,
                         check_run_fits, fit_cache_to_stream, layer_report, list_caches,
                         non_negative_float,
@@ -37,10 +37,7 @@ def build_parser() -> Parser:
     p.add_argument("--top_k", type=positive_int, default=200)
     p.add_argument("--num_samples", type=positive_int, default=1)
     p.add_argument("--seed", type=seed_int, default=None)
-    p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
-    p.add_argument("--compile_prefill", action="store_true",
-                   help="also compile the prompt (chunks, or power-of-two buckets for full): "
-                        "a long prompt's first token sooner, for one more compile")
+    add_compile_arguments(p)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="default: bfloat16 on CUDA, float32 on CPU")

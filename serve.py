@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from core.errors import UserError
-from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_cache_arguments,
+from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_cache_arguments, add_compile_arguments,
                         cache_factory_from_args, cache_slots,
                         check_run_fits, list_caches, open_checkpoint, positive_int,
                         resolve_positions, round_up, run, seed_int, size_cache_from_mib)
@@ -44,7 +44,7 @@ def build_parser() -> Parser:
                    help="the full cache reads a prompt in pieces of this many tokens")
     p.add_argument("--default_max_tokens", type=positive_int, default=256,
                    help="a chat request's max_tokens when it sets none")
-    p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
+    add_compile_arguments(p)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="default: bfloat16 on CUDA, float32 on CPU")
@@ -107,13 +107,14 @@ def main(argv=None) -> None:
     check_run_fits(ckpt, cfg, dtype, device, args.slots + parked + 1, max_seq_length, make_cache)
     model = load_model(ckpt, device=device, dtype=dtype)
     batcher = Batcher(model, make_cache, args.slots, max_seq_length, args.queue, parked,
-                      args.prefill_tokens, "inductor" if args.compile else None)
+                      args.prefill_tokens, "inductor" if args.compile else None,
+                      args.compile_prefill)
     name = args.model_name or Path(ckpt).name
     print(f"loaded {ckpt} ({device}, {str(dtype).removeprefix('torch.')}, cache {args.cache}, "
           f"positions {positions}, {args.slots} slots, {parked} parked, cache "
           f"{batcher.cache_bytes / 2**20:.1f} MiB)", file=sys.stderr)
-    if args.compile:
-        print("compiling the decode step...", file=sys.stderr)
+    if args.compile or args.compile_prefill:
+        print("compiling...", file=sys.stderr)
     print(f"warmed up in {batcher.warmup():.1f} s", file=sys.stderr)
     app = create_app(batcher, tokenizer, name, args.default_max_tokens)
     # The HTTP server runs in a thread; the decode loop keeps the main thread (faster there).

@@ -7,15 +7,16 @@ The Batcher owns `slots` batch rows of caches and a thread that repeats:
              history (a chat's next turn) reads only the new suffix
     prefill  the one row reading a prompt reads up to `prefill_tokens` more of it, alone (a
              batch-1 view of the caches): whole chunks of a compressing cache, pieces of the
-             full cache
+             full cache; a fresh row's prompt that one-shot compression takes, all at once
     decode   one step of the fixed [slots, 1] batch: every other busy row reads one token (its
              last sampled one, or the remainder of its prompt, token by token); free rows are
              masked rows (a dummy token at position 0, output ignored), never a smaller shape
     sample   each row with its own parameters and generator; emit; finish rows at an EOS,
              max_tokens, the cache's positions, or a cancel
 
-A row reads a prompt exactly as Session.append does (whole chunks, then token by token), so a
-stream's tokens equal the same prompt run alone, whatever the other rows do. A long prompt is
+A row reads a prompt exactly as Session.append does (one shot, or whole chunks then token by
+token; compiled or not, through the same `read_prompt`), so a stream's tokens equal the same
+prompt run alone, whatever the other rows do. A long prompt is
 read a piece per iteration while the other streams keep decoding; in their steps its row runs
 a dummy token ahead of its stream and, for a cache whose commit compresses, is restored from a
 scratch row after the step. A finished row keeps its history ("held") until a step would
@@ -38,8 +39,9 @@ import torch
 from torch import Tensor
 
 from caches import CacheFactory, build_caches, make_cache_factory
-from engine.generation import (check_prompt, compile_decode, prefill, prefill_chunk, row_view,
-                               warmup_positions)
+from caches.snapkv import compresses_whole
+from engine.generation import (check_prompt, compile_decode, compile_prompt, prefill,
+                               prefill_chunk, read_prompt, row_view, warmup_positions)
 
 DEFAULT_PREFILL_TOKENS = 512
 
@@ -141,6 +143,7 @@ class _Row:
         self.read: list = []          # tokens the caches have read, in order
         self.todo: list = []          # prompt tokens still to read
         self.next: Optional[int] = None   # sampled, read at the next step
+        self.whole = False            # its prompt goes in one shot (one-shot compression)
         self.request: Optional[Request] = None
         self.dirty = False            # written by masked steps: reset before use
         self.used = 0.0               # when its history was last used (LRU)
@@ -169,7 +172,7 @@ class Batcher:
     def __init__(self, model, make_cache: Optional[CacheFactory] = None, slots: int = 4,
                  max_seq_length: Optional[int] = None, max_queue: int = 16,
                  parked: Optional[int] = None, prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
-                 compile_backend=None):
+                 compile_backend=None, compile_prefill: bool = False):
         """
         Args:
             slots: streams decoded together (the batch of the one decode graph).
@@ -178,6 +181,7 @@ class Batcher:
             prefill_tokens: the full cache reads a prompt in pieces of this many tokens
                 (compressing caches: their chunk), which bounds attention's scratch memory.
             compile_backend: torch.compile the decode step with this backend (None: eager).
+            compile_prefill: also compile prompt reads (as Session's): one graph for every row.
         """
         self.model = model
         self.device = model.device
@@ -192,6 +196,9 @@ class Batcher:
         model.step_graph = model.block_step = None
         if compile_backend is not None:
             self.step = compile_decode(decode_logits, model, compile_backend, self.caches, slots)
+        self.compiled_prefill = compile_prefill
+        self.prefill_fn = compile_prompt(model, compile_backend or "inductor") \
+            if compile_prefill else prefill
         self.rows = [_Row(b, [row_view(c, b) for c in self.caches]) for b in range(slots)]
         n_parked = slots if parked is None else parked
         self.pool_caches = build_caches(model, n_parked, self.max_seq_length, self.make_cache) \
@@ -325,7 +332,7 @@ class Batcher:
 
     def _in_prompt(self, row: _Row) -> bool:
         """The row has prompt left for prefill calls (more than decode steps read)."""
-        return row.request is not None and len(row.todo) >= (self.chunk or 2)
+        return row.request is not None and (row.whole or len(row.todo) >= (self.chunk or 2))
 
     def _prompt_row(self) -> Optional[_Row]:
         return next((r for r in self.rows if self._in_prompt(r)), None)
@@ -335,14 +342,15 @@ class Batcher:
             if row.request is not None and row.request.cancelled:
                 self._finish(row, "cancelled")
         # prefill: the row reading a prompt reads up to prefill_tokens more of it (whole chunks
-        # of a compressing cache, then the remainder token by token in decode steps: the same
-        # schedule as Session.append, so the stream is exact whatever the other rows do)
+        # of a compressing cache, then the remainder token by token in decode steps; a prompt
+        # compressed in one shot, whole: the same schedule as Session.append, so the stream is
+        # exact whatever the other rows do)
         row = self._prompt_row()
         budget = self.prefill_tokens
         while row is not None and self._in_prompt(row) and not row.request.cancelled and budget > 0:
-            take = self.chunk or min(len(row.todo), budget)
+            take = len(row.todo) if row.whole else self.chunk or min(len(row.todo), budget)
             logits = self._read_prompt(row, row.todo[:take], len(row.read))
-            row.todo, budget = row.todo[take:], budget - take
+            row.todo, budget, row.whole = row.todo[take:], budget - take, False
             if not row.todo:
                 self._deliver(row, logits[0])
         # decode: every other busy row reads one token; the rest are masked rows
@@ -388,9 +396,8 @@ class Batcher:
         """Row `row` reads prompt tokens ids at positions start...; its logits [1, V] after."""
         dev = self.device
         tokens = torch.tensor([ids], dtype=torch.long, device=dev)
-        span = (start + torch.arange(len(ids), device=dev)).view(1, -1)
-        logits = prefill(self.model, row.caches, tokens, span,
-                         torch.tensor([len(ids) - 1], device=dev))
+        logits = read_prompt(self.model, row.caches, tokens, torch.tensor([[start]], device=dev),
+                             self.max_seq_length, self.prefill_fn, self.compiled_prefill)
         row.read += ids
         self.stats["prefilled_tokens"] += len(ids)
         return logits
@@ -413,7 +420,7 @@ class Batcher:
     def _finish(self, row: _Row, reason: str) -> None:
         """The row keeps what it read (held), for a request that continues the stream."""
         request, row.request = row.request, None
-        row.next, row.todo, row.used = None, [], time.perf_counter()
+        row.next, row.todo, row.used, row.whole = None, [], time.perf_counter(), False
         self.stats[f"finished_{reason}"] += 1
         request.emit("done", reason)
 
@@ -421,7 +428,7 @@ class Batcher:
     def _reset(self, row: _Row) -> None:
         for c in row.caches:
             c.reset()
-        row.read, row.todo, row.next, row.dirty = [], [], None, False
+        row.read, row.todo, row.next, row.dirty, row.whole = [], [], None, False, False
 
     def _park(self, row: _Row, keep: Optional[_Row] = None) -> None:
         """Copy a held row into the pool (replacing the least recently used, never `keep`),
@@ -460,6 +467,8 @@ class Batcher:
             if row.dirty or row.read:
                 self._reset(row)
         row.request, row.todo = request, prompt[len(row.read):]
+        row.whole = not row.read and compresses_whole(
+            row.caches, torch.zeros(1, 1, dtype=torch.long, device=self.device), len(prompt))
         self.stats["prompt_tokens"] += len(prompt)
 
     def _free_row(self, keep: Optional[_Row] = None) -> _Row:

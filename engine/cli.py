@@ -122,6 +122,14 @@ def run(main) -> None:
             dist.destroy_process_group()
 
 
+def add_compile_arguments(p) -> None:
+    """--compile and --compile_prefill, as generate.py and serve.py take them."""
+    p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
+    p.add_argument("--compile_prefill", action="store_true",
+                   help="also compile the prompt (chunks, or power-of-two buckets for full): "
+                        "a long prompt's first token sooner, for one more compile")
+
+
 def add_cache_arguments(p) -> None:
     """The cache flags shared by generate.py, eval.py and bench.py."""
     from caches import BUDGET_PATTERNS, DEFAULT_CACHE_SIZE, LAYER_PATTERNS, PROMPT_COMPRESSION

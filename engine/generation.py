@@ -130,6 +130,15 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     return fn
 
 
+def compile_prompt(model: Transformer, backend="inductor") -> Callable:
+    """`prefill` compiled for prompt reads (a chunk of compressing caches, a length bucket of
+    the full cache): its blocks run through one nested compiled region, compiled once instead
+    of unrolled (minutes with compression in every block), and the token steps its caches
+    leave out of the graph run after it (`settling`)."""
+    model.block_step = model.block_step or torch.compiler.nested_compile_region(run_block)
+    return settling(torch.compile(prefill, fullgraph=True, dynamic=False, backend=backend))
+
+
 def settling(chunk_graph: Callable) -> Callable:
     """A compiled prompt chunk `chunk_graph(model, caches, tokens, input_pos, last)` followed by
     the token steps its caches left out of the graph (RegionCache.commit), every layer at once
@@ -274,10 +283,7 @@ class Session:
             self.decode_fn = compile_decode(decode_one_token, model, caches=self.caches,
                                             rows=batch_size)
         if compile_prefill:
-            # A prompt chunk's blocks go through one nested compiled region as well, compiled
-            # once instead of unrolled (minutes with compression in every block).
-            model.block_step = model.block_step or torch.compiler.nested_compile_region(run_block)
-            self.prefill_fn = settling(torch.compile(prefill, fullgraph=True, dynamic=False))
+            self.prefill_fn = compile_prompt(model)
         self.reset()
 
     # ---- state -----------------------------------------------------------------------------

@@ -55,6 +55,34 @@ def test_streams_batched_together_equal_each_alone(name, prefill_tokens):
         assert batcher.stats["steps_beside_a_prompt"] > 0
 
 
+@pytest.mark.parametrize("name,mode", [("weightedkv", "snapkv"), ("quantized", "snapkv"),
+                                       ("h2o", "snapkv"), ("weightedkv", "bulk")])
+def test_prompts_are_read_as_alone_whatever_their_prompt_compression(name, mode):
+    # A fresh row whose prompt outgrows the budget reads it in one shot with snapkv (whole,
+    # past prefill_tokens), as Session does; a later turn of the same stream goes chunk by
+    # chunk. Without the one-shot read the server's snapkv streams were plain chunked ones.
+    model = tiny_model()
+    make = make_cache_factory(name, cache_size=48, chunk=8, positions="cache",
+                              prompt_compression=mode)
+    g = torch.Generator().manual_seed(3)
+    p1, p2 = (torch.randint(0, 256, (n,), generator=g).tolist() for n in (90, 20))
+    batcher = Batcher(model, make, slots=2, max_seq_length=S, prefill_tokens=16).start()
+    try:
+        requests = [batcher.submit(p, greedy(8)) for p in prompts()]
+        outs = [r.result() for r in requests]
+        o1 = batcher.submit(p1, greedy(8)).result()
+        o2 = batcher.submit(p1 + o1 + p2, greedy(8)).result()
+    finally:
+        batcher.stop()
+    for p, out in zip(prompts(), outs):
+        assert out == Generator(model, S, make_cache=make).generate(p, 8).new_ids[0], len(p)
+    ref = Session(model, make, S)
+    ref.append(p1)
+    assert o1 == ref.generate(8).new_ids[0]
+    ref.append(p2)
+    assert o2 == ref.generate(8).new_ids[0]
+
+
 @pytest.mark.parametrize("name", ["full", "weightedkv", "h2o", "lagkv"])
 @pytest.mark.parametrize("slots,parked,traffic", [(2, 2, False), (1, 1, True), (1, 0, True)])
 def test_a_conversation_reads_only_its_new_turn(name, slots, parked, traffic):
@@ -164,6 +192,38 @@ def test_the_decode_step_compiles_once_for_every_request():
     finally:
         batcher.stop()
     assert counter.frame_count == frames
+
+
+@pytest.mark.parametrize("name", ["full", "weightedkv"])
+def test_compiled_prompts_take_one_graph_for_every_row(name):
+    # compile_prefill: every row's prompt reads through one compiled graph a shape (a chunk, or
+    # a length bucket of the full cache) over the row's batch-1 view; the tokens are eager's.
+    model = tiny_model()
+    g = torch.Generator().manual_seed(4)
+    first, *others = (torch.randint(0, 256, (70,), generator=g).tolist() for _ in range(4))
+
+    def serve(compile_prefill):
+        counter = CompileCounter()
+        batcher = Batcher(model, factory(name), slots=3, max_seq_length=S, prefill_tokens=64,
+                          compile_backend=counter, compile_prefill=compile_prefill)
+        batcher.warmup()
+        batcher.start()
+        try:
+            outs = [batcher.submit(first, greedy(6)).result()]  # row 0 alone
+            frames = [counter.frame_count]
+            # the same length on every row at once (rows 1 and 2, then row 0 once parked)
+            outs += [r.result() for r in [batcher.submit(p, greedy(6)) for p in others]]
+            frames.append(counter.frame_count)
+        finally:
+            batcher.stop()
+        return outs, frames
+
+    _, (decode_only, _) = serve(False)
+    outs, frames = serve(True)
+    assert frames[1] == frames[0] > decode_only  # the prompt's graphs, none again for a row
+    eager = Generator(model, S, make_cache=factory(name))
+    for p, out in zip([first, *others], outs):
+        assert out == eager.generate(p, 6).new_ids[0]
 
 
 def test_sampling_parameters():

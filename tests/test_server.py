@@ -286,6 +286,30 @@ def test_full_cache_refuses_a_prompt_longer_than_a_stream_holds(default_checkpoi
         s.close()
 
 
+def test_one_shot_prompt_compression_serves_as_generate_py(default_checkpoint):
+    # A prompt longer than the budget: snapkv reads it in one shot in the server as in
+    # generate.py (the server used to read it chunk by chunk); its next turn continues it.
+    flags = ["--cache", "weightedkv", "--cache_size", "64", "--prompt_compression", "snapkv"]
+    prompt = (ROOT / "tests/data/kjv_genesis_1_2.txt").read_text()[:1200]
+    out = run_cli("generate.py", "--prompt", prompt, "--max_new_tokens", 16, "--temperature", 0,
+                  "--positions", "cache", "--json", *flags)
+    assert out.returncode == 0, out.stderr
+    s = Server(*flags, "--slots", "2")
+    try:
+        client = s.client()
+        first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16,
+                                          temperature=0)
+        assert first.choices[0].text == json.loads(out.stdout)["text"]
+        assert first.usage.prompt_tokens > 64
+        more = prompt + first.choices[0].text + " And God said, Let there be light"
+        second = client.completions.create(model=MODEL, prompt=more, max_tokens=8,
+                                           temperature=0)
+        assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens
+        assert second.choices[0].finish_reason == "length"
+    finally:
+        s.close()
+
+
 def test_serve_refuses_bad_flags():
     out = run_cli("serve.py", "--cache", "nope")
     assert out.returncode == 2 and out.stderr.count("\n") == 1
