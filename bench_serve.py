@@ -8,6 +8,7 @@ gap between streamed chunks (ITL), as p50/p99.
 
     python bench_serve.py --cache weightedkv --cache_size 512 --slots 4 --compile
     python bench_serve.py --url http://127.0.0.1:8000 --concurrency 1,4 --json
+    python bench_serve.py --cache weightedkv --compile --compile_prefill --text_file data/corpora/wiki.txt
 """
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ def build_parser() -> Parser:
     p.add_argument("--requests", type=positive_int, default=4,
                    help="requests each client sends, one after another")
     p.add_argument("--max_tokens", type=positive_int, default=64)
+    p.add_argument("--text_file", default=None,
+                   help="long prompts: request i reads the i-th --prompt_chars characters of this "
+                        "text (no two share a prefix; default: eight short prompts)")
+    p.add_argument("--prompt_chars", type=positive_int, default=4000)
     p.add_argument("--startup_timeout", type=positive_int, default=600,
                    help="seconds to wait for the server (compiling included)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -87,12 +92,24 @@ class Client:
                 "tokens": usage["completion_tokens"] if usage else len(arrivals)}
 
 
-def measure(client: Client, model: str, concurrency: int, requests: int, max_tokens: int) -> dict:
+def text_prompts(path: str, chars: int) -> list:
+    """Consecutive pieces of `chars` characters of a text file."""
+    if not Path(path).is_file():
+        raise UserError(f"--text_file {path!r} does not exist; give a text file")
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    if len(text) < chars:
+        raise UserError(f"--text_file {path!r} has {len(text)} characters, fewer than "
+                        f"--prompt_chars {chars}; give a longer text or fewer characters")
+    return [text[i:i + chars] for i in range(0, len(text) - chars + 1, chars)]
+
+
+def measure(client: Client, model: str, concurrency: int, requests: int, max_tokens: int,
+            prompts: list = PROMPTS) -> dict:
     results, lock = [], threading.Lock()
 
     def worker(w):
         for i in range(requests):
-            prompt = PROMPTS[(w * requests + i) % len(PROMPTS)]
+            prompt = prompts[(w * requests + i) % len(prompts)]
             out = client.stream({"model": model, "prompt": prompt, "max_tokens": max_tokens,
                                  "temperature": 0, "stream": True,
                                  "stream_options": {"include_usage": True}})
@@ -143,6 +160,7 @@ def start_server(serve_args: list, timeout: int):
 
 def main(argv=None) -> None:
     args, serve_args = build_parser().parse_known_args(argv)
+    prompts = text_prompts(args.text_file, args.prompt_chars) if args.text_file else PROMPTS
     from bench import machine_info
     proc = None
     if args.url:
@@ -155,8 +173,8 @@ def main(argv=None) -> None:
             raise UserError(f"{args.url or 'serve.py'} answered {status} to GET /v1/models")
         model = json.loads(body)["data"][0]["id"]
         health = json.loads(client.get("/health")[1])
-        measure(client, model, 1, 1, 4)  # warm up the server's first-request paths
-        rows = [measure(client, model, c, args.requests, args.max_tokens)
+        measure(client, model, 1, 1, 4, prompts)  # warm up the server's first-request paths
+        rows = [measure(client, model, c, args.requests, args.max_tokens, prompts)
                 for c in args.concurrency]
     finally:
         if proc is not None:
@@ -164,7 +182,8 @@ def main(argv=None) -> None:
             proc.wait(30)
     import torch
     info = dict(machine_info(torch.device("cpu")), model=model, slots=health["slots"],
-                serve_args=serve_args, max_tokens=args.max_tokens, requests=args.requests)
+                serve_args=serve_args, max_tokens=args.max_tokens, requests=args.requests,
+                text_file=args.text_file, prompt_chars=args.prompt_chars if args.text_file else None)
     if args.json:
         print(json.dumps({"machine": info, "results": rows}))
         return
