@@ -171,11 +171,15 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
     if chunk is None:
         # the caller checked the room: the bucket never falls below T
         T_in = T
+        if compiled and int(start.max()) > 0:
+            # A later piece attends over the whole static buffer under a mask, which a graph
+            # pads to its bucket: slower than eager (PERFORMANCE 6m). A fresh prompt, causal
+            # over its own slots, is where the graph wins.
+            compiled, prefill_fn = False, prefill
         if compiled:
-            furthest = int(start.max())
-            T_in = prefill_bucket(T, max_seq_length - furthest)
-            for cache in caches:  # the graph cannot see it: a variant for a fresh stream
-                cache.fresh = furthest == 0
+            T_in = prefill_bucket(T, max_seq_length)
+            for cache in caches:  # the graph cannot see it (compiled chunks of a layered plan
+                cache.fresh = True  # start later: their full layers keep the masked variant)
         # Padding sits at positions after the prompt: masked from every real query, and
         # overwritten by the steps that reach those positions.
         padded = torch.zeros(B, T_in, dtype=torch.long, device=dev)

@@ -6,10 +6,10 @@ import torch._dynamo
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
 import model as M
-from caches import build_caches
+from caches import build_caches, make_cache_factory
 from conftest import tiny_model
 from engine.generation import (Generator, Session, decode_one_token, prefill, prefill_bucket,
-                               sample)
+                               sample, settling)
 
 
 def full_logits(model, ids, max_seq_length=64, make_cache=None):
@@ -161,28 +161,39 @@ def test_fresh_prompt_attends_causally_over_its_own_slots(monkeypatch, dtype):
 
 def test_a_compiled_fresh_prompt_attends_causally_over_its_own_slots():
     """--compile_prefill: a graph cannot read the positions on the host, so read_prompt tells
-    the caches whether every row starts at 0 (`fresh`), one graph each way: a fresh prompt
-    attends causally over its own slots (the eager path), a later turn under the mask."""
+    the caches that every row starts at 0 (`fresh`): a fresh prompt's graph attends causally
+    over its own slots; a later turn of the full cache reads eager (under the mask, faster
+    than a padded graph), and a layered plan's compiled chunks keep the mask in their full
+    layers. Logits equal eager ones."""
     torch._dynamo.reset()
     model = tiny_model()
     prompt, turn = list(range(3, 14)), list(range(20, 29))
-    eager = Session(model, max_seq_length=96)
-    eager.append(prompt)
-    expected = [eager.logits.clone()]
-    eager.append(turn)
-    expected.append(eager.logits)
-    graphs = []
+    plans = {"full": None,
+             "weightedkv,full": make_cache_factory("weightedkv,full", cache_size=16, chunk=4,
+                                                   layer_pattern="repeat")}
+    causal = {}
+    for name, make in plans.items():
+        eager = Session(model, make, max_seq_length=96)
+        expected = []
+        for ids in (prompt, turn):
+            eager.append(ids)
+            expected.append(eager.logits.clone())
+        graphs = []
 
-    def backend(gm, example_inputs):
-        graphs.append(gm.print_readable(print_output=False))
-        return gm.forward
-    session = Session(model, max_seq_length=96, compile_prefill=True)
-    session.prefill_fn = torch.compile(prefill, backend=backend, fullgraph=True, dynamic=False)
-    for ids, want in zip((prompt, turn), expected):
-        session.append(ids)
-        assert (session.logits - want).abs().max() < 1e-5
-    assert [g.count("is_causal = True") for g in graphs] == [1, 0]  # one block region each
-    torch._dynamo.reset()
+        def backend(gm, example_inputs):
+            graphs.append(gm.print_readable(print_output=False))
+            return gm.forward
+        session = Session(model, make, max_seq_length=96, compile_prefill=True)
+        session.prefill_fn = settling(torch.compile(prefill, backend=backend, fullgraph=True,
+                                                    dynamic=False))
+        for ids, want in zip((prompt, turn), expected):
+            session.append(ids)
+            assert (session.logits - want).abs().max() < 1e-5, name
+        causal[name] = [g.count("is_causal = True") for g in graphs]
+        torch._dynamo.reset()
+    # full: one graph (the fresh prompt's block region); the plan: the chunk shape's graph,
+    # compiled at a later chunk too, so its full layers attend under the mask
+    assert causal == {"full": [1], "weightedkv,full": [0]}
 
 
 def test_explicit_attention_path_matches_sdpa_and_reports_probabilities():
