@@ -178,8 +178,11 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
             compiled, prefill_fn = False, prefill
         if compiled:
             T_in = prefill_bucket(T, max_seq_length)
-            for cache in caches:  # the graph cannot see it (compiled chunks of a layered plan
-                cache.fresh = True  # start later: their full layers keep the masked variant)
+            # The graph cannot read the positions: the caches take the causal path on this
+            # word (a layered plan's compiled chunks never set it: their full layers keep the
+            # mask).
+            for cache in caches:
+                cache.fresh = True
         # Padding sits at positions after the prompt: masked from every real query, and
         # overwritten by the steps that reach those positions.
         padded = torch.zeros(B, T_in, dtype=torch.long, device=dev)
