@@ -143,7 +143,6 @@ class _Row:
         self.read: list = []          # tokens the caches have read, in order
         self.todo: list = []          # prompt tokens still to read
         self.next: Optional[int] = None   # sampled, read at the next step
-        self.whole = False            # its prompt goes in one shot (one-shot compression)
         self.request: Optional[Request] = None
         self.dirty = False            # written by masked steps: reset before use
         self.used = 0.0               # when its history was last used (LRU)
@@ -199,6 +198,7 @@ class Batcher:
         self.compiled_prefill = compile_prefill
         self.prefill_fn = compile_prompt(model, compile_backend or "inductor") \
             if compile_prefill else prefill
+        self.origin = torch.zeros(1, 1, dtype=torch.long, device=self.device)  # a fresh row
         self.rows = [_Row(b, [row_view(c, b) for c in self.caches]) for b in range(slots)]
         n_parked = slots if parked is None else parked
         self.pool_caches = build_caches(model, n_parked, self.max_seq_length, self.make_cache) \
@@ -332,7 +332,11 @@ class Batcher:
 
     def _in_prompt(self, row: _Row) -> bool:
         """The row has prompt left for prefill calls (more than decode steps read)."""
-        return row.request is not None and (row.whole or len(row.todo) >= (self.chunk or 2))
+        return row.request is not None and (self._whole(row) or len(row.todo) >= (self.chunk or 2))
+
+    def _whole(self, row: _Row) -> bool:
+        """A fresh row's prompt that one-shot compression takes: read whole, in one call."""
+        return not row.read and compresses_whole(row.caches, self.origin, len(row.todo))
 
     def _prompt_row(self) -> Optional[_Row]:
         return next((r for r in self.rows if self._in_prompt(r)), None)
@@ -348,9 +352,9 @@ class Batcher:
         row = self._prompt_row()
         budget = self.prefill_tokens
         while row is not None and self._in_prompt(row) and not row.request.cancelled and budget > 0:
-            take = len(row.todo) if row.whole else self.chunk or min(len(row.todo), budget)
+            take = len(row.todo) if self._whole(row) else self.chunk or min(len(row.todo), budget)
             logits = self._read_prompt(row, row.todo[:take], len(row.read))
-            row.todo, budget, row.whole = row.todo[take:], budget - take, False
+            row.todo, budget = row.todo[take:], budget - take
             if not row.todo:
                 self._deliver(row, logits[0])
         # decode: every other busy row reads one token; the rest are masked rows
@@ -420,7 +424,7 @@ class Batcher:
     def _finish(self, row: _Row, reason: str) -> None:
         """The row keeps what it read (held), for a request that continues the stream."""
         request, row.request = row.request, None
-        row.next, row.todo, row.used, row.whole = None, [], time.perf_counter(), False
+        row.next, row.todo, row.used = None, [], time.perf_counter()
         self.stats[f"finished_{reason}"] += 1
         request.emit("done", reason)
 
@@ -428,7 +432,7 @@ class Batcher:
     def _reset(self, row: _Row) -> None:
         for c in row.caches:
             c.reset()
-        row.read, row.todo, row.next, row.dirty, row.whole = [], [], None, False, False
+        row.read, row.todo, row.next, row.dirty = [], [], None, False
 
     def _park(self, row: _Row, keep: Optional[_Row] = None) -> None:
         """Copy a held row into the pool (replacing the least recently used, never `keep`),
@@ -467,8 +471,6 @@ class Batcher:
             if row.dirty or row.read:
                 self._reset(row)
         row.request, row.todo = request, prompt[len(row.read):]
-        row.whole = not row.read and compresses_whole(
-            row.caches, torch.zeros(1, 1, dtype=torch.long, device=self.device), len(prompt))
         self.stats["prompt_tokens"] += len(prompt)
 
     def _free_row(self, keep: Optional[_Row] = None) -> _Row:
