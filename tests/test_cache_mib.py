@@ -81,17 +81,20 @@ def test_budgets_that_cannot_work_name_the_reason(name, kw, message):
 
 
 def test_generate_and_eval_take_cache_mib(default_checkpoint, tmp_path):
-    r = run_cli("generate.py", "--cache", "weightedkv", "--cache_mib", "6.45", "--kv_middle",
-                "int8", "--prompt", "Once upon a time", "--max_new_tokens", "400", "--json")
+    # 3 MiB hold 55 tokens here (4 sink, 23 window, 28 int8 middle): 80 run past them
+    r = run_cli("generate.py", "--cache", "weightedkv", "--cache_mib", "3", "--kv_middle",
+                "int8", "--prompt", "Once upon a time", "--max_new_tokens", "80",
+                "--temperature", "0", "--json")
     assert r.returncode == 0, r.stderr
-    assert "note: --cache_mib 6.45: weightedkv holds" in r.stderr
-    assert json.loads(r.stdout)["cache_bytes"] <= 6.45 * 2**20
+    assert "note: --cache_mib 3: weightedkv holds 55 tokens" in r.stderr, r.stderr
+    out = json.loads(r.stdout)
+    assert out["cache_bytes"] <= 3 * 2**20 and out["new_tokens"] > 55
     text = tmp_path / "t.txt"
     text.write_text("In the beginning God created the heaven and the earth. " * 40)
-    r = run_cli("eval.py", "ppl", "--text_file", text, "--max_tokens", "300", "--cache", "h2o",
+    r = run_cli("eval.py", "ppl", "--text_file", text, "--max_tokens", "64", "--cache", "h2o",
                 "--cache_mib", "2", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["cache_bytes"] <= 2 * 2**20
-    r = run_cli("eval.py", "ppl", "--text_file", text, "--max_tokens", "300", "--cache",
+    r = run_cli("eval.py", "ppl", "--text_file", text, "--max_tokens", "64", "--cache",
                 "streaming", "--cache_mib", "0.5")
     assert r.returncode == 2 and r.stderr.startswith("error: --cache_mib 0.5 is too small")

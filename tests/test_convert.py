@@ -382,7 +382,10 @@ def _byte_vocab():
 
 
 def write_llama_gguf(path, hf_model, arch="llama", rope_freqs=None):
+    """llama: attn_q/attn_k interleaved, as llama.cpp permutes them; qwen2: as they are (its
+    rotary pairs stay half-split), with the q/k/v biases."""
     c = hf_model.config
+    rows = _to_interleaved if arch == "llama" else (lambda w, n_head: w)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)
@@ -390,13 +393,13 @@ def write_llama_gguf(path, hf_model, arch="llama", rope_freqs=None):
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_dimension_count(c.head_dim)
+    w.add_rope_dimension_count(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_uint32(f"{arch}.rope.scaling.original_context_length", 64)
     tokens = _byte_vocab()
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre("default" if arch == "llama" else arch)
     w.add_token_list(tokens)
     w.add_token_types([1] * 256 + [3])
     w.add_token_merges([])
@@ -411,9 +414,14 @@ def write_llama_gguf(path, hf_model, arch="llama", rope_freqs=None):
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
         w.add_tensor(f"blk.{i}.attn_q.weight",
-                     _to_interleaved(sd[p + "self_attn.q_proj.weight"], c.num_attention_heads))
+                     rows(sd[p + "self_attn.q_proj.weight"], c.num_attention_heads))
         w.add_tensor(f"blk.{i}.attn_k.weight",
-                     _to_interleaved(sd[p + "self_attn.k_proj.weight"], c.num_key_value_heads))
+                     rows(sd[p + "self_attn.k_proj.weight"], c.num_key_value_heads))
+        for name, proj, n_head in (("q", "q_proj", c.num_attention_heads),
+                                   ("k", "k_proj", c.num_key_value_heads), ("v", "v_proj", None)):
+            if p + f"self_attn.{proj}.bias" in sd:
+                b = sd[p + f"self_attn.{proj}.bias"]
+                w.add_tensor(f"blk.{i}.attn_{name}.bias", b if n_head is None else rows(b, n_head))
         # F16 for one matrix: dequantize must hand back float32 in [out, in] order
         w.add_tensor(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"].astype(np.float16))
         w.add_tensor(f"blk.{i}.attn_output.weight", sd[p + "self_attn.o_proj.weight"])
@@ -445,6 +453,29 @@ def test_tiny_gguf_llama3_untied_with_f16_tensor(tiny_llama3, tmp_path):
         want = ref(tiny_llama3["ids"]).logits
     logits, _ = engine_run(out, tiny_llama3["ids"], prompt_len=8, n_new=1)
     assert (logits - want).abs().max().item() < 1e-4
+
+
+def test_tiny_gguf_qwen2_matches_transformers_reading_the_same_file(tok_dir, tmp_path):
+    # The real Qwen2.5 file's check is slow (tests/test_qwen.py); this one reads a tiny qwen2
+    # GGUF through transformers' own loader, which knows how llama.cpp lays qwen2 out.
+    cfg = transformers.Qwen2Config(**TINY, tie_word_embeddings=False,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 12345.0})
+    torch.manual_seed(0)
+    src = randomize(transformers.Qwen2ForCausalLM(cfg))
+    path = write_llama_gguf(tmp_path / "tiny-qwen2.gguf", src, arch="qwen2")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
+    ids = torch.randint(0, 257, (1, 96), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = ref(ids).logits
+        for layer in src.model.layers:  # v_proj went through float16 in the file
+            layer.self_attn.v_proj.weight.copy_(layer.self_attn.v_proj.weight.half().float())
+        assert (src(ids).logits - want).abs().max().item() < 1e-4  # the file is what it claims
+    out = convert(path, tmp_path / "out")
+    assert read_config(out)["model"]["attention_bias"]
+    logits, greedy = engine_run(out, ids, prompt_len=16, n_new=16)
+    assert (logits - want).abs().max().item() < 1e-4
+    assert greedy == hf_greedy(ref, ids[:, :16], 16)
 
 
 # ---------------------------------------------------------------------------------------------

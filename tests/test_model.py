@@ -232,7 +232,9 @@ def test_split_attention_is_the_masked_softmax_in_pieces(slots, chunk):
     assert (M.split_attend(q, k, v, mask, chunk).double() - ref).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("compiled", [False, True])
+# compiled: slow (a minute of compiling on a 2-core CPU) for a path off by default (split-K
+# decode attention, waiting for a GPU to measure it)
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_decoding_through_split_attention_keeps_the_tokens(monkeypatch, compiled):
     # With SPLIT_SLOTS set, a decode step that would go to SDPA with a mask attends chunk by
     # chunk: the same greedy tokens, eager and compiled (attention as reductions off, so the

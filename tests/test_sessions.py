@@ -195,7 +195,7 @@ def test_saved_document_answers_like_a_fresh_read(default_checkpoint, tmp_path):
     from engine.checkpoint import load_model
     from engine.tokenizer import load_tokenizer
     model, tok = load_model(default_checkpoint), load_tokenizer(default_checkpoint)
-    doc = tok.encode((DATA / "kjv_genesis_1_2.txt").read_text())[:300]
+    doc = tok.encode((DATA / "kjv_genesis_1_2.txt").read_text())[:200]
     make = make_cache_factory("weightedkv", cache_size=96, kv_middle="int8")
     s = Session(model, make, max_seq_length=512)
     s.append(doc)
@@ -244,7 +244,7 @@ def test_chat_appends_only_what_each_turn_adds(name, smol):
 
 
 def test_interactive_chat_in_a_terminal(default_checkpoint, tmp_path):
-    """Ten turns of `generate.py --interactive` driven through a pseudo-terminal: the prompt line
+    """Six turns of `generate.py --interactive` driven through a pseudo-terminal: the prompt line
     counts the tokens seen, the cache bytes stay fixed, /save writes a loadable session, /reset
     starts over and /exit ends."""
     import pexpect
@@ -261,8 +261,7 @@ def test_interactive_chat_in_a_terminal(default_checkpoint, tmp_path):
     seen = [int(child.match.group(1))]
     sizes = {child.match.group(2)}
     turns = ["Hello!", "What is the capital of France?", "And of Italy?", "Name a color.",
-             "What is two plus two?", "Say a fruit.", "Name an animal.", "What day follows Monday?",
-             "Say goodbye.", "Thanks!", "One more: what is water made of?"]
+             "What is two plus two?", "One more: what is water made of?"]
     for turn in turns:
         child.sendline(turn)
         child.expect(prompt)

@@ -37,6 +37,12 @@ def tiny_ckpt(default_checkpoint, tmp_path_factory):
                                  **TINY)
 
 
+@pytest.fixture(scope="module")
+def one_rank(tiny_ckpt, tmp_path_factory):
+    """The tiny model's matrix on one rank, the reference of every two-rank run."""
+    return matrix(tiny_ckpt, tmp_path_factory.mktemp("one"), 1)
+
+
 def matrix(ckpt, tmp_path, n, *extra):
     out = tmp_path / f"matrix-{n}.json"
     script = ROOT / "tests" / "tp_matrix.py"
@@ -49,8 +55,9 @@ def matrix(ckpt, tmp_path, n, *extra):
     return json.loads(out.read_text())
 
 
-def test_every_policy_gives_the_same_tokens_and_perplexity_on_two_ranks(tiny_ckpt, tmp_path):
-    one, two = matrix(tiny_ckpt, tmp_path, 1), matrix(tiny_ckpt, tmp_path, 2)
+def test_every_policy_gives_the_same_tokens_and_perplexity_on_two_ranks(tiny_ckpt, one_rank,
+                                                                        tmp_path):
+    one, two = one_rank, matrix(tiny_ckpt, tmp_path, 2)
     assert two["_run"]["kv_heads_here"] == 1  # each rank holds one of the two KV heads
     for key, ref in one.items():
         if key.startswith("_"):
@@ -59,9 +66,10 @@ def test_every_policy_gives_the_same_tokens_and_perplexity_on_two_ranks(tiny_ckp
         assert abs(two[key]["nll"] - ref["nll"]) <= 1e-4 * abs(ref["nll"]), key
 
 
-def test_the_compiled_step_with_collectives_matches_and_compiles_once(tiny_ckpt, tmp_path):
+def test_the_compiled_step_with_collectives_matches_and_compiles_once(tiny_ckpt, one_rank,
+                                                                      tmp_path):
     # the policies that communicate (TOVA) or draw by global head (CaM), and two that do not
-    one = matrix(tiny_ckpt, tmp_path, 1)
+    one = one_rank
     two = matrix(tiny_ckpt, tmp_path, 2, "--compile", "full,tova,cam,weightedkv")
     assert len(two) == 4 + 1 and two["_run"]["graphs"] > 0
     for key, got in two.items():
@@ -70,7 +78,8 @@ def test_the_compiled_step_with_collectives_matches_and_compiles_once(tiny_ckpt,
             assert got["new_graphs"] == 0, key  # the all-reduces compiled into the step
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
+# int4 (slow) shards as int8 does: the same packed layout, half the bytes
+@pytest.mark.parametrize("mode", ["int8", pytest.param("int4", marks=pytest.mark.slow)])
 def test_quantized_checkpoints_shard(tiny_ckpt, tmp_path, mode):
     from engine.checkpoint import quantize_checkpoint
     q = quantize_checkpoint(tiny_ckpt, mode, out=tmp_path / f"q-{mode}")
@@ -85,6 +94,9 @@ def test_quantized_checkpoints_shard(tiny_ckpt, tmp_path, mode):
     assert two["_run"]["kv_heads_here"] == 1
 
 
+# slow: minutes for three ranks on two cores; the tiny matrix runs every policy on two ranks,
+# and test_sampling_ranks_agree_without_a_seed generate.py under torchrun
+@pytest.mark.slow
 @pytest.mark.parametrize("cache", [["--cache", "weightedkv", "--cache_size", "32"],
                                    ["--cache", "tova", "--cache_size", "32"]])
 def test_default_model_on_three_ranks_equals_one(default_checkpoint, cache):
@@ -99,13 +111,14 @@ def test_default_model_on_three_ranks_equals_one(default_checkpoint, cache):
     assert three.stdout.count("\n") == 1  # rank 0 alone prints
 
 
-def test_sampling_ranks_agree_without_a_seed(default_checkpoint):
-    three = torchrun(3, "generate.py", "--prompt", "Once", "--max_new_tokens", 12,
-                     "--temperature", 1.0, "--json")
-    assert three.returncode == 0, three.stderr[-2000:]
-    assert len(json.loads(three.stdout)["token_ids"]) >= 2  # no rank diverged (no hang)
+def test_sampling_ranks_agree_without_a_seed(tiny_ckpt):
+    two = torchrun(2, "generate.py", "--checkpoint_path", tiny_ckpt, "--prompt", "Once",
+                   "--max_new_tokens", 12, "--temperature", 1.0, "--json")
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert len(json.loads(two.stdout)["token_ids"]) >= 2  # no rank diverged (no hang)
 
 
+@pytest.mark.slow  # as above; the tiny matrix compares every policy's NLL on two ranks
 def test_eval_ppl_on_three_ranks_equals_one(default_checkpoint):
     args = ["eval.py", "ppl", "--text_file", ROOT / "tests" / "data" / "kjv_genesis_1_2.txt",
             "--max_tokens", 96, "--cache", "h2o", "--cache_size", 48, "--json"]
