@@ -42,6 +42,9 @@ STREAM_ROWS = 2  # the reduction reads the weight once per row: from 4 rows on, 
 # Without oneDNN (plain weights), from this many rows on a float32 GEMM over the weight widened
 # for the call beats ATen's bfloat16 one on an AVX2-only CPU; below, widening costs more.
 WIDEN_ROWS = 8
+# Whether the norms before plain-only streamed linears store their output (read when a step is
+# traced; scripts/decode_ab.py turns it off to measure the step without it).
+STORE_NORMS = True
 
 
 @torch.library.custom_op("regionkv::packed_linear", mutates_args=())
@@ -101,6 +104,29 @@ class PackedLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+@torch.library.custom_op("regionkv::stored", mutates_args=())
+def stored(x: Tensor) -> Tensor:
+    return x.clone()
+
+
+@stored.register_fake
+def _(x: Tensor) -> Tensor:
+    return torch.empty_like(x)
+
+
+def _store_streamed_input(norm: nn.Module, args, out: Tensor) -> Tensor:
+    # A forward hook on a norm whose output the streamed reductions read. Inductor inlines a
+    # pointwise producer into the loop of each reduction that reads it, so every weight row
+    # widens the activation and the norm weight again (3 bfloat16 loads and conversions for
+    # 1); an opaque copy makes it store the row once. It pays where the cores bound the step
+    # (machine A, bfloat16: 7%), not where the copy's call (~40 us, 61 a step) costs more
+    # (docs/PERFORMANCE.md, section 6n).
+    if STORE_NORMS and torch.compiler.is_compiling() and \
+            out.numel() <= STREAM_ROWS * out.shape[-1]:
+        return stored(out)
+    return out
+
+
 def pack_dense_linears(model: nn.Module) -> nn.Module:
     """In place: every float nn.Linear on CPU becomes a PackedLinear: in oneDNN's layout if a
     probe against F.linear passes, else plain (a CPU or build without the kernel for the dtype:
@@ -126,7 +152,9 @@ def stream_compiled_decode(model: nn.Module) -> int:
     """Keep a plain weight next to every PackedLinear of the model's blocks (a copy), and of a
     head tied to the embedding (the table itself), which a compiled step of at most
     STREAM_ROWS rows reads as a reduction. An untied head stays on oneDNN: a copy of a large
-    vocabulary's head costs more memory than its step saves. Returns the bytes added."""
+    vocabulary's head costs more memory than its step saves. Without oneDNN for the dtype,
+    the norms before those linears store their output once in such a step (a forward hook).
+    Returns the bytes added."""
     added = 0
     for module in model.layers.modules():
         if isinstance(module, PackedLinear) and module.plain is None:  # oneDNN's only
@@ -136,6 +164,17 @@ def stream_compiled_decode(model: nn.Module) -> int:
     if model.args.tie_embeddings and isinstance(head, PackedLinear) and head.plain is None and \
             table.dtype == head.packed.dtype:
         head.plain = table.detach()  # the same storage: no bytes added
+    # Where oneDNN has no kernel for the dtype (bfloat16 on an AVX2-only CPU), the norms before
+    # the streamed linears store their output for them (_store_streamed_input).
+    def plain_only(linear):
+        return isinstance(linear, PackedLinear) and not linear.onednn
+    norms = [n for layer in model.layers if plain_only(layer.attention.wqkv)
+             for n in (layer.attention_norm, layer.ffn_norm)]
+    if plain_only(head):
+        norms.append(model.norm)
+    for norm in norms:
+        if _store_streamed_input not in norm._forward_hooks.values():
+            norm.register_forward_hook(_store_streamed_input)
     return added
 
 

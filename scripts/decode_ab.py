@@ -19,6 +19,8 @@ sees the machine in the same state:
                   normed activations of the linears and the head; section 6g)
     headout       the engine's step that also returns the final norm's output, which makes
                   Inductor store it once instead of recomputing it in the head's loop
+    unstored      the engine's step without the norms' stored outputs, where the engine stores
+                  them (bfloat16 without oneDNN: quantize.dense.STORE_NORMS; section 6n)
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
@@ -33,13 +35,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model as M  # noqa: E402
+import quantize.dense as dense  # noqa: E402
 from caches import POLICIES, make_cache_factory  # noqa: E402
 from engine import generation as G  # noqa: E402
 from engine.checkpoint import load_model  # noqa: E402
 from engine.cli import DTYPES  # noqa: E402
 from engine.default_model import resolve_checkpoint  # noqa: E402
 
-VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize", "headout")
+VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize", "headout", "unstored")
 
 
 def run_step_out(model, idx, input_pos, caches):
@@ -65,6 +68,7 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     reorder = own_step_graph({**G.STEP_OPTIONS, "reorder_for_locality": True})
     asserts = own_step_graph({**G.STEP_OPTIONS, "size_asserts": True})
     realize = own_step_graph({**G.STEP_OPTIONS, "realize_acc_reads_threshold": 2})
+    unstored = own_step_graph()
     out = torch.compile(run_step_out, fullgraph=True, dynamic=False, options=G.STEP_OPTIONS)
 
     def headout(*args):
@@ -72,8 +76,9 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
 
     def use(variant: str) -> None:
         M.REDUCE_ROWS = 0 if variant == "sdpa" else 16  # read when a graph is traced
+        dense.STORE_NORMS = variant != "unstored"
         model.step_graph = {"regional": None, "reorder": reorder, "asserts": asserts,
-                            "realize": realize, "headout": headout}.get(variant, graph)
+                            "realize": realize, "headout": headout, "unstored": unstored}.get(variant, graph)
         model.block_step = regional if variant == "regional" else nested
 
     print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")

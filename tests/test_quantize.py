@@ -408,6 +408,14 @@ def test_packed_float_linears_match_f_linear_eager_and_compiled(dtype, onednn, m
         assert counter.frame_count == 1
 
 
+def backend_recording(graphs: list):
+    """A torch.compile backend that appends the op names of every graph to `graphs`."""
+    def backend(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes])
+        return gm.forward
+    return backend
+
+
 @pytest.mark.parametrize("onednn", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype, onednn, monkeypatch):
@@ -431,12 +439,23 @@ def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype, onednn,
         assert (lin.plain is not None) == (id(lin) in in_blocks or not onednn)
     assert not m.args.tie_embeddings
     assert stream_compiled_decode(m) == 0  # a second compiled session copies nothing again
+    # Without oneDNN, the norms before the streamed linears store their output for them (one
+    # hook each, however many sessions); the head's norm too where the head streams.
+    norms = [n for layer in m.layers for n in (layer.attention_norm, layer.ffn_norm)] + [m.norm]
+    assert [len(n._forward_hooks) for n in norms] == [int(not onednn)] * len(norms)
+    def norms_and_linears(b, h):
+        return b.attention.wqkv(b.attention_norm(h)), b.feed_forward(b.ffn_norm(h))
+    step = torch.compile(norms_and_linears, fullgraph=True, dynamic=False,
+                         backend=backend_recording(graphs := []))
+    with torch.inference_mode():
+        x = torch.randn(1, 1, m.args.dim, dtype=dtype)
+        for got, want in zip(step(m.layers[0], x), norms_and_linears(m.layers[0], x)):
+            torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    assert sum("regionkv.stored" in t for t in graphs[-1]) == 2 * int(not onednn), graphs[-1]
     for k, v in m.state_dict().items():  # the checkpoint format is unchanged
         assert torch.equal(v, state[k]), k
     graphs = []
-    def backend(gm, example_inputs):
-        graphs.append({str(n.target) for n in gm.graph.nodes})
-        return gm.forward
+    backend = backend_recording(graphs)
     step = torch.compile(lambda lin, h: lin(h), fullgraph=True, dynamic=False, backend=backend)
     lin = m.layers[0].attention.wqkv  # with a bias
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
