@@ -119,8 +119,8 @@ def _store_streamed_input(norm: nn.Module, args, out: Tensor) -> Tensor:
     # pointwise producer into the loop of each reduction that reads it, so every weight row
     # widens the activation and the norm weight again (3 bfloat16 loads and conversions for
     # 1); an opaque copy makes it store the row once. It pays where the cores bound the step
-    # (machine A, bfloat16: 7%), not where the copy's call (~40 us, 61 a step) costs more
-    # (docs/PERFORMANCE.md, section 6n).
+    # (machine A, bfloat16: 3-8% a step), not where the copy's call (~40 us, 61 a step) costs
+    # more (docs/PERFORMANCE.md, section 6n).
     if STORE_NORMS and torch.compiler.is_compiling() and \
             out.numel() <= STREAM_ROWS * out.shape[-1]:
         return stored(out)

@@ -78,7 +78,8 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
         M.REDUCE_ROWS = 0 if variant == "sdpa" else 16  # read when a graph is traced
         dense.STORE_NORMS = variant != "unstored"
         model.step_graph = {"regional": None, "reorder": reorder, "asserts": asserts,
-                            "realize": realize, "headout": headout, "unstored": unstored}.get(variant, graph)
+                            "realize": realize, "headout": headout,
+                            "unstored": unstored}.get(variant, graph)
         model.block_step = regional if variant == "regional" else nested
 
     print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")

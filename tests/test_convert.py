@@ -393,7 +393,8 @@ def write_llama_gguf(path, hf_model, arch="llama", rope_freqs=None):
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_dimension_count(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_uint32(f"{arch}.rope.scaling.original_context_length", 64)
