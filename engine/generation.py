@@ -132,9 +132,9 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
 
 def compile_prompt(model: Transformer, backend="inductor") -> Callable:
     """`prefill` compiled for prompt reads (a chunk of compressing caches, a fresh prompt's
-    length bucket of the full cache): its blocks run through one nested compiled region, compiled once instead
-    of unrolled (minutes with compression in every block), and the token steps its caches
-    leave out of the graph run after it (`settling`)."""
+    length bucket of the full cache): its blocks run through one nested compiled region,
+    compiled once instead of unrolled (minutes with compression in every block), and the token
+    steps its caches leave out of the graph run after it (`settling`)."""
     model.block_step = model.block_step or torch.compiler.nested_compile_region(run_block)
     return settling(torch.compile(prefill, fullgraph=True, dynamic=False, backend=backend))
 

@@ -47,6 +47,12 @@ WIDEN_ROWS = 8
 STORE_NORMS = True
 
 
+def streamed(x: Tensor) -> bool:
+    """Whether x, a linear's input, is read by a compiled step of at most STREAM_ROWS rows:
+    where the plain weights stream as a reduction."""
+    return torch.compiler.is_compiling() and x.numel() <= STREAM_ROWS * x.shape[-1]
+
+
 @torch.library.custom_op("regionkv::packed_linear", mutates_args=())
 def packed_linear(x: Tensor, weight: Tensor, out_features: int) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
@@ -91,8 +97,7 @@ class PackedLinear(nn.Module):
             destination[prefix + "bias"] = self.bias
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.plain is not None and torch.compiler.is_compiling() and \
-                x.numel() <= STREAM_ROWS * self.in_features:
+        if self.plain is not None and streamed(x):
             # float32 products summed in float32, rounded once, as oneDNN does for bfloat16
             y = (self.plain.float() * x.float().unsqueeze(-2)).sum(-1).to(x.dtype)
         elif self.onednn:
@@ -121,8 +126,7 @@ def _store_streamed_input(norm: nn.Module, args, out: Tensor) -> Tensor:
     # 1); an opaque copy makes it store the row once. It pays where the cores bound the step
     # (machine A, bfloat16: 3-8% a step), not where the copy's call (~40 us, 61 a step) costs
     # more (docs/PERFORMANCE.md, section 6n).
-    if STORE_NORMS and torch.compiler.is_compiling() and \
-            out.numel() <= STREAM_ROWS * out.shape[-1]:
+    if STORE_NORMS and streamed(out):
         return stored(out)
     return out
 

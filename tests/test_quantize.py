@@ -443,10 +443,12 @@ def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype, onednn,
     # hook each, however many sessions); the head's norm too where the head streams.
     norms = [n for layer in m.layers for n in (layer.attention_norm, layer.ffn_norm)] + [m.norm]
     assert [len(n._forward_hooks) for n in norms] == [int(not onednn)] * len(norms)
+    graphs = []
+    backend = backend_recording(graphs)
+
     def norms_and_linears(b, h):
         return b.attention.wqkv(b.attention_norm(h)), b.feed_forward(b.ffn_norm(h))
-    step = torch.compile(norms_and_linears, fullgraph=True, dynamic=False,
-                         backend=backend_recording(graphs := []))
+    step = torch.compile(norms_and_linears, fullgraph=True, dynamic=False, backend=backend)
     with torch.inference_mode():
         x = torch.randn(1, 1, m.args.dim, dtype=dtype)
         for got, want in zip(step(m.layers[0], x), norms_and_linears(m.layers[0], x)):
@@ -454,8 +456,6 @@ def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype, onednn,
     assert sum("regionkv.stored" in t for t in graphs[-1]) == 2 * int(not onednn), graphs[-1]
     for k, v in m.state_dict().items():  # the checkpoint format is unchanged
         assert torch.equal(v, state[k]), k
-    graphs = []
-    backend = backend_recording(graphs)
     step = torch.compile(lambda lin, h: lin(h), fullgraph=True, dynamic=False, backend=backend)
     lin = m.layers[0].attention.wqkv  # with a bias
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
