@@ -278,6 +278,15 @@ def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Ten
     return y, (probs.view(B, Hkv, G, T, -1) if need_probs else None)
 
 
+def through_cache(cache, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """One layer's step through its cache (the contract in caches/base.py): q [B, H, T, D],
+    k/v [B, Hkv, T, D] un-rotated at positions input_pos [B, T] -> y [B, H, T, D]."""
+    view = cache.update(input_pos, q, k, v)
+    y, probs = attend(view, need_probs=cache.wants_probs)
+    cache.commit(input_pos, probs)
+    return y
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -286,7 +295,8 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(args.dim, qkv_dim, bias=args.attention_bias)
         self.wo = nn.Linear(args.n_head * args.head_dim, args.dim, bias=False)
 
-    def forward(self, x: Tensor, input_pos: Tensor, cache) -> Tensor:
+    def forward(self, x: Tensor, input_pos: Tensor, cache, through: Callable = through_cache
+                ) -> Tensor:
         B, T, _ = x.shape
         H, Hkv, D = self.n_head, self.n_kv_heads, self.head_dim
         q, k, v = self.wqkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
@@ -296,10 +306,9 @@ class Attention(nn.Module):
 
         # The cache contract (caches/base.py): update applies RoPE (the cache owns the position
         # map), stores K/V with n_kv_heads and returns what to attend over; commit receives the
-        # probabilities (only if the policy scores by attention) and compresses.
-        view = cache.update(input_pos, q, k, v)
-        y, probs = attend(view, need_probs=cache.wants_probs)
-        cache.commit(input_pos, probs)
+        # probabilities (only if the policy scores by attention) and compresses. `through`
+        # may take the rows through the cache in pieces (Transformer.read_by_layer).
+        y = through(cache, input_pos, q, k, v)
         y = y.transpose(1, 2).reshape(B, T, H * D)
         return self.wo(y)
 
@@ -323,8 +332,9 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
-    def forward(self, x: Tensor, input_pos: Tensor, cache) -> Tensor:
-        h = x + self.attention(self.attention_norm(x), input_pos, cache)
+    def forward(self, x: Tensor, input_pos: Tensor, cache, through: Callable = through_cache
+                ) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), input_pos, cache, through)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -344,6 +354,9 @@ class Transformer(nn.Module):
         # sampling included, is compiled around `forward`. Prompt chunks stay eager.
         self.step_graph: Optional[Callable] = None
         self.block_step: Optional[Callable] = None
+        # Set by engine.generation.compile_prompt: a layer's step through its cache over one
+        # prompt chunk (through_cache), compiled, for prompts read layer by layer.
+        self.chunk_step: Optional[Callable] = None
 
     # Device and activation dtype come from the final norm: a quantized linear holds no float
     # weight to ask.
@@ -408,6 +421,50 @@ class Transformer(nn.Module):
                 cache.waiting = None
         if waiting:
             waiting[0].settle(waiting, input_pos)
+        if out_idx is not None:
+            x = x[:, out_idx]
+        return run_head(self.norm, self.output, x)
+
+
+    def read_by_layer(self, idx: Tensor, input_pos: Tensor, caches, chunk: int,
+                      out_idx: Optional[Tensor] = None, step: Callable = through_cache) -> Tensor:
+        """forward for rows that the caches take `chunk` at a time, in order (a compressing
+        cache's prompt chunks), layer by layer: each layer's linears run once on all T rows,
+        and its cache takes the chunks one after another, each through `step` (through_cache,
+        or it compiled: engine.generation.compile_prompt). A layer reads only its own cache, so
+        this is forward called chunk by chunk, up to the GEMMs' rounding, with every weight
+        read once instead of once a chunk (docs/PERFORMANCE.md, section 6o)."""
+        if input_pos.dim() == 1:
+            input_pos = input_pos.view(1, -1).expand(idx.shape[0], -1)
+        spans = [(s, min(s + chunk, idx.shape[1])) for s in range(0, idx.shape[1], chunk)]
+        bounds = None  # each chunk's first and last position per row, for `scheduled` caches
+        if any(c.scheduled for c in caches):
+            pos = input_pos.tolist()  # one host read
+            bounds = [([p[s] for p in pos], [p[e - 1] for p in pos]) for s, e in spans]
+
+        def chunks(cache, input_pos, q, k, v):
+            ys = []
+            for i, (s, e) in enumerate(spans):
+                # Copies: a compiled step guards its inputs' strides, which a slice takes
+                # from the piece's length (contiguous() keeps them where a dimension is 1).
+                pos, qc, kc, vc = (t.clone(memory_format=torch.contiguous_format) for t in (
+                    input_pos[:, s:e], q[:, :, s:e], k[:, :, s:e], v[:, :, s:e]))
+                if cache.scheduled:
+                    cache.before_step(*bounds[i])
+                cache.waiting = waiting = []  # eager token steps wait for the chunk's attention
+                try:
+                    ys.append(step(cache, pos, qc, kc, vc))
+                    if waiting:
+                        cache.settle(waiting, pos)
+                finally:
+                    cache.waiting = None
+                    if cache.scheduled:
+                        cache.after_step()
+            return torch.cat(ys, dim=2)
+
+        x = self.tok_embeddings(idx)
+        for layer, cache in zip(self.layers, caches):
+            x = layer(x, input_pos, cache, through=chunks)
         if out_idx is not None:
             x = x[:, out_idx]
         return run_head(self.norm, self.output, x)

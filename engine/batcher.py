@@ -192,7 +192,7 @@ class Batcher:
         self.chunk = prefill_chunk(self.caches)  # None: the full cache, any piece length
         self.prefill_tokens = max(prefill_tokens, self.chunk or 2)
         self.step = decode_logits
-        model.step_graph = model.block_step = None
+        model.step_graph = model.block_step = model.chunk_step = None
         if compile_backend is not None:
             self.step = compile_decode(decode_logits, model, compile_backend, self.caches, slots)
         self.compiled_prefill = compile_prefill
@@ -287,7 +287,9 @@ class Batcher:
                       torch.full((self.slots, 1), t, device=self.device))
         if self.chunk is not None:
             row = self.rows[0]
-            self._read_prompt(row, [0] * self.chunk, 0)
+            # two chunks where they fit: a piece read layer by layer compiles its chunk step
+            twice = 2 * self.chunk < self.max_seq_length and 2 * self.chunk <= self.prefill_tokens
+            self._read_prompt(row, [0] * (2 * self.chunk if twice else self.chunk), 0)
         for row in self.rows:
             self._reset(row)
         self.stats.clear()
@@ -352,7 +354,12 @@ class Batcher:
         row = self._prompt_row()
         budget = self.prefill_tokens
         while row is not None and self._in_prompt(row) and not row.request.cancelled and budget > 0:
-            take = len(row.todo) if self._whole(row) else self.chunk or min(len(row.todo), budget)
+            if self._whole(row):
+                take = len(row.todo)
+            elif self.chunk:  # whole chunks, as many as the budget holds (read layer by layer)
+                take = max(1, min(len(row.todo), budget) // self.chunk) * self.chunk
+            else:
+                take = min(len(row.todo), budget)
             logits = self._read_prompt(row, row.todo[:take], len(row.read))
             row.todo, budget = row.todo[take:], budget - take
             if not row.todo:

@@ -26,10 +26,14 @@ from caches import CacheFactory, build_caches, make_cache_factory
 from caches.snapkv import compresses_whole, prefill_whole
 from caches.region import RegionCache
 from core.errors import UserError
-from model import Transformer
+from model import Transformer, through_cache
 from quantize.dense import STREAM_ROWS, stream_compiled_decode
 
 MIN_PREFILL_BUCKET = 16
+# Prompt rows a layer reads at once when its cache compresses chunk by chunk in one pass
+# (Transformer.read_by_layer); BY_LAYER off: chunk by chunk through every layer, to measure.
+PREFILL_PIECE = 1024
+BY_LAYER = True
 SESSION_FORMAT = "regionkv-session"
 SESSION_VERSION = 1  # bump when the saved layout changes; older files are refused by name
 
@@ -134,8 +138,14 @@ def compile_prompt(model: Transformer, backend="inductor") -> Callable:
     """`prefill` compiled for prompt reads (a chunk of compressing caches, a fresh prompt's
     length bucket of the full cache): its blocks run through one nested compiled region,
     compiled once instead of unrolled (minutes with compression in every block), and the token
-    steps its caches leave out of the graph run after it (`settling`)."""
+    steps its caches leave out of the graph run after it (`settling`). Prompts that
+    `read_prompt` takes layer by layer go through `model.chunk_step`, set here: one layer's
+    step through its cache over a chunk, compiled once for every layer."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     model.block_step = model.block_step or torch.compiler.nested_compile_region(run_block)
+    model.chunk_step = torch.compile(through_cache, fullgraph=True, dynamic=False,
+                                     backend=backend,
+                                     options=COMPRESS_OPTIONS if backend == "inductor" else None)
     return settling(torch.compile(prefill, fullgraph=True, dynamic=False, backend=backend))
 
 
@@ -191,17 +201,30 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
         return prefill_fn(model, caches, padded, span, torch.tensor([T - 1], device=dev))
     # Compressing caches take fixed-size chunks (compressing after each), then the remainder
     # one token at a time: two graph shapes for every prompt length.
-    n_chunks = T // chunk
-    last = torch.tensor([chunk - 1], device=dev)
+    n_chunks, whole = T // chunk, T // chunk * chunk
     logits = None
-    for c in range(n_chunks):
-        span = start + torch.arange(c * chunk, (c + 1) * chunk, device=dev)
-        # A copy, as for the tokens below: a slice's row stride is the prompt's length, and a
-        # compiled chunk's stride guards would recompile it for every prompt length.
-        piece = tokens[:, c * chunk:(c + 1) * chunk].clone(memory_format=torch.contiguous_format)
-        logits = prefill_fn(model, caches, piece, span, last)
+    if BY_LAYER and n_chunks > 1 and not any(c.takes_token_steps(chunk) for c in caches):
+        # Caches that compress a chunk in one pass take pieces layer by layer: each layer's
+        # linears read PREFILL_PIECE rows at once instead of a chunk's 32 (the same values).
+        # Token-step caches keep chunk order, where every layer's steps go at once (settle).
+        piece = max(1, PREFILL_PIECE // chunk) * chunk
+        step = model.chunk_step if compiled and model.chunk_step else through_cache
+        for s in range(0, whole, piece):
+            e = min(s + piece, whole)
+            logits = model.read_by_layer(tokens[:, s:e], start + torch.arange(s, e, device=dev),
+                                         caches, chunk, torch.tensor([e - s - 1], device=dev),
+                                         step)[:, -1]
+    else:
+        last = torch.tensor([chunk - 1], device=dev)
+        for c in range(n_chunks):
+            span = start + torch.arange(c * chunk, (c + 1) * chunk, device=dev)
+            # A copy, as for the tokens below: a slice's row stride is the prompt's length, and
+            # a compiled chunk's stride guards would recompile it for every prompt length.
+            piece = tokens[:, c * chunk:(c + 1) * chunk].clone(
+                memory_format=torch.contiguous_format)
+            logits = prefill_fn(model, caches, piece, span, last)
     last = torch.tensor([0], device=dev)
-    for t in range(n_chunks * chunk, T):
+    for t in range(whole, T):
         # contiguous like the decode loop's own tokens, so the graph's stride guards hold
         step = tokens[:, t:t + 1].clone(memory_format=torch.contiguous_format)
         logits = prefill(model, caches, step, start + t, last)
@@ -285,7 +308,7 @@ class Session:
         self.compiled_prefill = compile_prefill
         self.decode_fn = decode_one_token
         self.prefill_fn = prefill
-        model.step_graph = model.block_step = None
+        model.step_graph = model.block_step = model.chunk_step = None
         if compile:
             self.decode_fn = compile_decode(decode_one_token, model, caches=self.caches,
                                             rows=batch_size)
@@ -438,7 +461,8 @@ class Session:
         chunk = self.prefill_chunk
         if chunk is not None and chunk < self.max_seq_length:  # compiles chunk compression
             self.reset()
-            self.append([0] * chunk)
+            # two chunks where they fit: a prompt read layer by layer compiles its chunk step
+            self.append([0] * (2 * chunk if 2 * chunk < self.max_seq_length else chunk))
         sync(self.device)
         self.reset()
         return time.perf_counter() - t0

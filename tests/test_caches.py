@@ -854,3 +854,82 @@ def test_compiled_steps_trust_their_guards_for_input_sizes():
     _, code = run_and_get_code(lambda: (s.append(list(range(1, 40))), s.generate(2)))
     assert len(code) == 2  # the token-by-token compression step and the decode step
     assert all("assert_size_stride(" not in c and "cpp_fused" in c for c in code)
+
+
+# ---- a prompt read layer by layer --------------------------------------------------------------
+
+def assert_same_caches(a, b, atol=1e-5):
+    for x, y in zip(a, b):
+        sa, sb = x.state(), y.state()
+        assert sa.keys() == sb.keys()
+        for k in sa:
+            if sa[k].is_floating_point():
+                assert torch.allclose(sa[k], sb[k], atol=atol), k
+            else:
+                assert torch.equal(sa[k], sb[k]), k
+
+
+@pytest.mark.parametrize("name,kw", [
+    *((n, {"prompt_compression": m}) for n in COMPRESSING for m in ("chunked", "bulk")),
+    ("weightedkv", {"kv_middle": "int8", "prompt_compression": "bulk"}),
+    ("h2o", {"positions": "cache"}),
+    ("streaming", {"compression_interval": 4}),
+    ("weightedkv,full", {"layer_pattern": "repeat", "prompt_compression": "bulk"}),
+])
+def test_a_prompt_read_layer_by_layer_is_read_chunk_by_chunk(name, kw):
+    """Two rows read 48 tokens in chunks of 8 over a budget of 16, then 48 more (a later
+    piece, over retained tokens), eager: Transformer.read_by_layer (each layer's linears on
+    all 48 rows, its cache taking the six chunks in order) gives forward's logits and caches
+    chunk by chunk, for every policy, the token-step ones (their steps settle per chunk and
+    layer) and the scheduled ones (LagKV's partitions, a compression interval) included."""
+    model = tiny_model(n_layer=3)
+    ids = torch.randint(0, 256, (2, 96), generator=torch.Generator().manual_seed(1))
+    factory = make_cache_factory(name, cache_size=BUDGET, chunk=8, **kw)
+    chunked, layered = (build_caches(model, 2, 256, factory) for _ in range(2))
+    with torch.inference_mode():
+        for s in (0, 48):
+            pos = torch.arange(s, s + 48).expand(2, 48)
+            want = [model(ids[:, c:c + 8], pos[:, c - s:c - s + 8], chunked)[:, -1]
+                    for c in range(s, s + 48, 8)][-1]
+            got = model.read_by_layer(ids[:, s:s + 48], pos, layered, 8, torch.tensor([47]))
+            assert torch.allclose(got[:, -1], want, atol=1e-5)
+            assert_same_caches(chunked, layered)
+
+
+@pytest.mark.parametrize("name,kw,by_layer", [
+    ("streaming", {}, True),
+    ("h2o", {}, True),
+    ("weightedkv", {"prompt_compression": "bulk"}, True),
+    ("weightedkv", {}, False),  # token steps: every layer's at once, chunk by chunk (settle)
+    ("cam", {}, False),
+])
+def test_read_prompt_takes_one_pass_chunks_layer_by_layer_in_pieces(name, kw, by_layer,
+                                                                     monkeypatch):
+    """read_prompt reads a 61-token prompt (chunks of 8) in pieces of 24 rows layer by layer
+    (24, 24, 8; then 5 tokens one by one) where every cache compresses a chunk in one pass,
+    and chunk by chunk where a cache takes token steps; the logits and caches of BY_LAYER off."""
+    import engine.generation as generation
+    from model import Transformer
+    model = tiny_model(n_layer=2)
+    ids = torch.randint(0, 256, (1, 61), generator=torch.Generator().manual_seed(2))
+    factory = make_cache_factory(name, cache_size=BUDGET, chunk=8, **kw)
+    monkeypatch.setattr(generation, "PREFILL_PIECE", 24)
+    pieces = []
+    read = Transformer.read_by_layer
+    monkeypatch.setattr(Transformer, "read_by_layer",
+                        lambda self, idx, *a: pieces.append(idx.shape[1]) or read(self, idx, *a))
+
+    def read_prompt(on):
+        monkeypatch.setattr(generation, "BY_LAYER", on)
+        caches = build_caches(model, 1, 256, factory)
+        with torch.inference_mode():
+            return caches, generation.read_prompt(model, caches, ids, torch.zeros(1, 1).long(),
+                                                  256)
+
+    caches, logits = read_prompt(True)
+    assert pieces == ([24, 24, 8] if by_layer else [])
+    pieces.clear()
+    want_caches, want = read_prompt(False)
+    assert pieces == []
+    assert torch.allclose(logits, want, atol=1e-5)
+    assert_same_caches(caches, want_caches)

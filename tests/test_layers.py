@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounter
 
 from caches import (BUDGET_LEVELS, BUDGET_PATTERNS, LAYER_PATTERNS, POLICIES, LayeredFactory,
                     build_caches, cache_nbytes, make_cache_factory, region_sizes)
@@ -124,14 +125,13 @@ def test_a_plan_compiles_one_block_graph_per_distinct_layer_shape(whole_step):
     assert len(blocks) == 8 and len(set(blocks)) == shapes
 
 
-@pytest.mark.parametrize("policy,options", [("full", {}),
-                                            ("weightedkv", {"prompt_compression": "bulk"}),
-                                            ("weightedkv", {})])
+@pytest.mark.parametrize("policy,options", [("full", {}), ("weightedkv", {})])
 def test_a_compiled_prompt_chunk_runs_its_blocks_through_one_nested_region(policy, options):
     """--compile_prefill: a prompt chunk's graph calls one nested block region per layer, as
     the decode step does, instead of unrolling every block (which took minutes to compile with
     compression in each), and reads the prompt as the eager chunks do. Token steps run after
-    the graph, every layer at once (one settle a chunk), not unrolled inside it."""
+    the graph, every layer at once (one settle a chunk), not unrolled inside it. (Caches that
+    compress a chunk in one pass read prompts layer by layer instead: the test below.)"""
     import engine.generation as G
     from caches.region import RegionCache
     torch._dynamo.reset()
@@ -161,6 +161,34 @@ def test_a_compiled_prompt_chunk_runs_its_blocks_through_one_nested_region(polic
     assert len(graphs) == 1  # one chunk shape (full: one bucket)
     blocks = [n.args[1] for n in graphs[0].graph.nodes if "invoke_subgraph" in str(n.target)]
     assert len(blocks) == 6 and len(set(blocks)) == 1
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("policy,options,graphs", [
+    ("weightedkv", {"prompt_compression": "bulk"}, 1),
+    ("streaming", {}, 1),
+    ("weightedkv,full", {"prompt_compression": "bulk", "layer_pattern": "repeat"}, 2),
+])
+def test_compiled_prompts_read_layer_by_layer_compile_one_chunk_step(policy, options, graphs):
+    """--compile_prefill, caches that compress a chunk in one pass: read_prompt takes the
+    prompt layer by layer, each layer's chunks through one compiled step (a graph per cache
+    kind, whatever the layer or the prompt's length), with the tokens of eager prompts."""
+    import engine.generation as G
+    from model import through_cache
+    torch._dynamo.reset()
+    model = tiny_model(n_layer=4)
+    factory = make_cache_factory(policy, cache_size=24, chunk=8, **options)
+    prompt = list(range(1, 40))
+    expected = Generator(model, 128, make_cache=factory).generate(prompt, 12).new_ids[0]
+    counter = CompileCounter()
+    gen = Generator(model, 128, make_cache=factory, compile_prefill=True)
+    model.chunk_step = torch.compile(through_cache, backend=counter, fullgraph=True,
+                                     dynamic=False)
+    chunk_graph = []
+    gen.prefill_fn = lambda *a: chunk_graph.append(a) or G.prefill(*a)
+    assert gen.generate(prompt, 12).new_ids[0] == expected
+    gen.generate(prompt + [7] * 19, 2)  # another prompt length: the same graphs
+    assert counter.frame_count == graphs and not chunk_graph
     torch._dynamo.reset()
 
 
