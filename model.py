@@ -425,7 +425,6 @@ class Transformer(nn.Module):
             x = x[:, out_idx]
         return run_head(self.norm, self.output, x)
 
-
     def read_by_layer(self, idx: Tensor, input_pos: Tensor, caches, chunk: int,
                       out_idx: Optional[Tensor] = None, step: Callable = through_cache) -> Tensor:
         """forward for rows that the caches take `chunk` at a time, in order (a compressing

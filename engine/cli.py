@@ -126,7 +126,8 @@ def add_compile_arguments(p) -> None:
     """--compile and --compile_prefill, as generate.py and serve.py take them."""
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
     p.add_argument("--compile_prefill", action="store_true",
-                   help="also compile the prompt (chunks, or power-of-two buckets for full): "
+                   help="also compile the prompt (a layer's step over a chunk, a chunk, or "
+                        "power-of-two buckets for full): "
                         "a long prompt's first token sooner, for one more compile")
 
 

@@ -143,9 +143,15 @@ def compile_prompt(model: Transformer, backend="inductor") -> Callable:
     step through its cache over a chunk, compiled once for every layer."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     model.block_step = model.block_step or torch.compiler.nested_compile_region(run_block)
-    model.chunk_step = torch.compile(through_cache, fullgraph=True, dynamic=False,
-                                     backend=backend,
-                                     options=COMPRESS_OPTIONS if backend == "inductor" else None)
+    step = torch.compile(through_cache, fullgraph=True, dynamic=False, backend=backend,
+                         options=COMPRESS_OPTIONS if backend == "inductor" else None)
+
+    def chunk_step(cache, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        y = step(cache, input_pos, q, k, v)
+        if input_pos.shape[1] > 1 and cache.takes_token_steps(input_pos.shape[1]):
+            cache.settle([cache], input_pos)  # compiled code leaves a chunk's token steps
+        return y
+    model.chunk_step = chunk_step
     return settling(torch.compile(prefill, fullgraph=True, dynamic=False, backend=backend))
 
 

@@ -933,3 +933,24 @@ def test_read_prompt_takes_one_pass_chunks_layer_by_layer_in_pieces(name, kw, by
     assert pieces == []
     assert torch.allclose(logits, want, atol=1e-5)
     assert_same_caches(caches, want_caches)
+
+
+@pytest.mark.parametrize("name", ["weightedkv", "streaming"])
+def test_a_compiled_chunk_step_reads_as_the_eager_one(name):
+    """compile_prompt's chunk step (model.chunk_step): compiled code leaves a chunk's token
+    steps (RegionCache.commit), so the step settles them itself; read layer by layer through
+    it, a prompt gives the eager step's logits and caches."""
+    from engine.generation import compile_prompt
+    torch._dynamo.reset()
+    model = tiny_model(n_layer=2)
+    ids = torch.randint(0, 256, (1, 48), generator=torch.Generator().manual_seed(3))
+    factory = make_cache_factory(name, cache_size=BUDGET, chunk=8)
+    eager, compiled = (build_caches(model, 1, 256, factory) for _ in range(2))
+    compile_prompt(model, backend="eager")
+    last = torch.tensor([47])
+    with torch.inference_mode():
+        want = model.read_by_layer(ids, torch.arange(48), eager, 8, last)
+        got = model.read_by_layer(ids, torch.arange(48), compiled, 8, last, model.chunk_step)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert_same_caches(eager, compiled)
+    torch._dynamo.reset()
