@@ -148,8 +148,7 @@ def compile_prompt(model: Transformer, backend="inductor") -> Callable:
 
     def chunk_step(cache, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         y = step(cache, input_pos, q, k, v)
-        if input_pos.shape[1] > 1 and cache.takes_token_steps(input_pos.shape[1]):
-            cache.settle([cache], input_pos)  # compiled code leaves a chunk's token steps
+        settle_left([cache], input_pos)
         return y
     model.chunk_step = chunk_step
     return settling(torch.compile(prefill, fullgraph=True, dynamic=False, backend=backend))
@@ -161,11 +160,19 @@ def settling(chunk_graph: Callable) -> Callable:
     as after an eager chunk."""
     def chunk(model: Transformer, caches, tokens: Tensor, input_pos: Tensor, last: Tensor):
         logits = chunk_graph(model, caches, tokens, input_pos, last)
-        waiting = [c for c in caches if c.takes_token_steps(tokens.shape[1])]
-        if waiting:
-            waiting[0].settle(waiting, input_pos.expand(tokens.shape))
+        settle_left(caches, input_pos.expand(tokens.shape))
         return logits
     return chunk
+
+
+def settle_left(caches, input_pos: Tensor) -> None:
+    """The token steps that compiled code left for a chunk at input_pos [B, T > 1]
+    (RegionCache.commit), every cache that takes them at once; a compiled single-token step
+    takes its own."""
+    T = input_pos.shape[1]
+    waiting = [c for c in caches if T > 1 and c.takes_token_steps(T)]
+    if waiting:
+        waiting[0].settle(waiting, input_pos)
 
 
 def warmup_positions(caches) -> list:
@@ -213,13 +220,13 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
         # Caches that compress a chunk in one pass take pieces layer by layer: each layer's
         # linears read PREFILL_PIECE rows at once instead of a chunk's 32 (the same values).
         # Token-step caches keep chunk order, where every layer's steps go at once (settle).
-        piece = max(1, PREFILL_PIECE // chunk) * chunk
-        step = model.chunk_step if compiled and model.chunk_step else through_cache
-        for s in range(0, whole, piece):
-            e = min(s + piece, whole)
+        rows = max(1, PREFILL_PIECE // chunk) * chunk
+        through = model.chunk_step if compiled and model.chunk_step else through_cache
+        for s in range(0, whole, rows):
+            e = min(s + rows, whole)
             logits = model.read_by_layer(tokens[:, s:e], start + torch.arange(s, e, device=dev),
                                          caches, chunk, torch.tensor([e - s - 1], device=dev),
-                                         step)[:, -1]
+                                         through)[:, -1]
     else:
         last = torch.tensor([chunk - 1], device=dev)
         for c in range(n_chunks):
