@@ -160,11 +160,12 @@ def apply_rope(x: Tensor, cos_sin: Tensor) -> Tensor:
 # over the threads, with no per-call setup (docs/PERFORMANCE.md, section 6c).
 REDUCE_ROWS = 16
 # Split-K decode attention (flash-decoding) for a decode step (one token a row) that would go
-# to SDPA with a mask: the slots cut into chunks of SPLIT_SLOTS, each with its own max, sum and
-# weighted values, then combined. Off (0) until a GPU measures it against SDPA, whose kernels
-# that take a mask split the work only by row, head and block of queries (docs/PERFORMANCE.md,
-# section 7c; scripts/attention_probe.py sets it). Read when a step is traced.
-SPLIT_SLOTS = 0
+# to SDPA with a mask, by device type: the slots cut into chunks of this many, each with its
+# own max, sum and weighted values, then combined. SDPA's kernels that take a mask split the
+# work only by row, head and block of queries; on an H100 the split decodes Llama-3-8B's shapes
+# at 74% of the bandwidth against SDPA's 67% (docs/PERFORMANCE.md, section 7d). The CPU's
+# compiled step reads through reductions instead (REDUCE_ROWS). Read when a step is traced.
+SPLIT_SLOTS = {"cuda": 256}
 # A CPU without oneDNN's bfloat16 kernels (AVX2 only: no AVX-512 BF16 or AVX-NE-CONVERT) runs a
 # bfloat16 matmul through ATen's fallback, 20-35x slower than float32 for attention's shapes
 # (docs/PERFORMANCE.md, section 6i): there the explicit softmax reads its values in float32.
@@ -262,8 +263,9 @@ def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Ten
     if len(segments) == 1 and segments[0].k_scale is None and not need_probs and \
             not reduces(qg, False):
         k, v = segments[0].k, segments[0].v
-        if SPLIT_SLOTS and T == 1 and k.shape[2] > SPLIT_SLOTS:
-            y = split_attend(qg, k, v, mask, SPLIT_SLOTS).to(q.dtype)
+        split = SPLIT_SLOTS.get(q.device.type, 0)
+        if split and T == 1 and k.shape[2] > split:
+            y = split_attend(qg, k, v, mask, split).to(q.dtype)
         else:
             y = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
         return y.view(B, H, T, D), None

@@ -4,14 +4,16 @@
                                       [--model CKPT] [--parts 1,2]
 
 A decode step attends one query a head over the whole static buffer with a mask (empty and
-future slots masked). On CUDA the engine hands that to SDPA with the mask. SDPA's kernels that
-take a mask split their work by row, head and block of queries: 8 blocks of work for
-Llama-3-8B's shapes on a GPU with 132 multiprocessors, which would explain attention's ~120
-GB/s there (docs/PERFORMANCE.md, sections 7-7c). The variants, each behind the engine's
+future slots masked). SDPA's kernels that take a mask split their work by row, head and block
+of queries: 8 blocks of work for Llama-3-8B's shapes on a GPU with 132 multiprocessors, which
+would explain attention's ~120 GB/s there (docs/PERFORMANCE.md, sections 7-7c). Since 7d the
+engine splits the slots on CUDA instead. The variants, each behind the engine's
 `attend` signature:
-    engine   the engine's attend (SDPA with the mask on CUDA; reductions on the CPU)
+    engine   the engine's attend as it is (split-K on CUDA, model.SPLIT_SLOTS; reductions on
+             the CPU's compiled step)
+    sdpa     the engine's attend without split-K: SDPA with the mask on CUDA
     reduce   the engine's attention as reductions (its CPU path), on any device
-    splitk   the engine's split-K path (model.SPLIT_SLOTS = SPLIT, model.split_attend): the
+    splitk   the engine's split-K path on any device (model.split_attend, SPLIT slots): the
              slots cut into chunks, each chunk's max, sum and weighted values (matmuls in the
              model dtype, one batch over the chunks), then combined by their maxima
     flex     torch's flex_attention, the mask as a score_mod (FlexDecoding on CUDA)
@@ -42,7 +44,7 @@ from engine.cli import positive_int  # noqa: E402
 from engine.generation import sync  # noqa: E402
 
 SPLIT = 256  # slots a chunk in splitk
-VARIANTS = ("engine", "reduce", "splitk", "flex")
+VARIANTS = ("engine", "sdpa", "reduce", "splitk", "flex")
 SHAPES = {"8b": dict(heads=32, kv_heads=8, head_dim=128, layers=32),
           "135m": dict(heads=9, kv_heads=3, head_dim=64, layers=30)}
 
@@ -57,17 +59,20 @@ def flex(q, k, v, mask):
 
 
 ENGINE_ATTEND, ENGINE_REDUCES, ENGINE_REDUCE_ROWS = M.attend, M.reduces, M.REDUCE_ROWS
+ENGINE_SPLIT = dict(M.SPLIT_SLOTS)
 
 
 def use(variant: str):
     """Set the model's attention to `variant` (read when a step is traced); returns `attend`."""
-    M.attend, M.reduces, M.SPLIT_SLOTS, M.REDUCE_ROWS = (ENGINE_ATTEND, ENGINE_REDUCES, 0,
-                                                         ENGINE_REDUCE_ROWS)
-    if variant == "reduce":  # the CPU's rule, on any device
+    M.attend, M.reduces, M.SPLIT_SLOTS, M.REDUCE_ROWS = (ENGINE_ATTEND, ENGINE_REDUCES,
+                                                         ENGINE_SPLIT, ENGINE_REDUCE_ROWS)
+    if variant == "sdpa":
+        M.SPLIT_SLOTS = {}
+    elif variant == "reduce":  # the CPU's rule, on any device
         M.reduces = lambda q, int8: torch.compiler.is_compiling() and (
             int8 or q.shape[-2] <= M.REDUCE_ROWS)
     elif variant == "splitk":  # the engine's split-K path (model.split_attend)
-        M.SPLIT_SLOTS, M.REDUCE_ROWS = SPLIT, 0
+        M.SPLIT_SLOTS, M.REDUCE_ROWS = {"cpu": SPLIT, "cuda": SPLIT}, 0
     elif variant == "flex":
         M.attend = flex_attend
     return M.attend
@@ -120,7 +125,7 @@ def part1(args, shape, device, dtype) -> None:
         kv_bytes = 2 * L * ks[0].numel() * ks[0].element_size()
         ref = M.attend(M.KVView(q.double(), [M.KVSegment(ks[0].double(), vs[0].double())],
                                 mask))[0]
-        for variant in VARIANTS:
+        for variant in args.variants:
             attend = use(variant)
 
             def layers(q):
@@ -140,6 +145,7 @@ def part1(args, shape, device, dtype) -> None:
                         f(q)
                     sync(device)
                     runs.append((time.perf_counter() - t0) / args.iters)
+                kernels = top_kernels(f, q, device)  # while the variant is the one traced
             except Exception as e:  # a variant a backend cannot compile: say so, go on
                 print(f"{ctx:>8} {variant:>8} failed: {type(e).__name__}: {last_line(e)}")
                 continue
@@ -147,7 +153,7 @@ def part1(args, shape, device, dtype) -> None:
                 use("engine")
             t = statistics.median(runs)
             print(f"{ctx:>8} {variant:>8} {t / L * 1e6:9.1f} {kv_bytes / t / 1e9:8.1f} "
-                  f"{diff:9.2e}{top_kernels(f, q, device)}", flush=True)
+                  f"{diff:9.2e}{kernels}", flush=True)
 
 
 def part2(args, device, dtype) -> None:
@@ -157,14 +163,14 @@ def part2(args, device, dtype) -> None:
     from engine.default_model import resolve_checkpoint
     path = resolve_checkpoint(args.model)
     model = load_model(path, dtype=dtype, device=device)
-    runs = argparse.Namespace(new_tokens=64, repeats=2)
+    runs = argparse.Namespace(new_tokens=64, repeats=2, compile_prefill=False)
     print(f"part 2: full decode on {path}, {dtype}, bench.py's row (64 steps, median of 2)")
     bandwidth = bench.machine_bandwidth_gbs(device)
     print(f"measured bandwidth {bandwidth:.0f} GB/s")
     print(f"{'context':>8} {'variant':>8} {'ms/step':>8} {'GB/s':>7} {'% bw':>5} {'compile s':>9}")
     for ctx in args.contexts:
         prompt = [100 + i % 1000 for i in range(ctx)]
-        for variant in VARIANTS:
+        for variant in args.variants:
             use(variant)  # read when the step is traced
             try:  # bench_engine compiles each row from scratch
                 row = bench.bench_engine(model, "full", make_cache_factory("full"), {}, ctx,
@@ -186,6 +192,8 @@ def main() -> None:
     p.add_argument("--contexts", type=int_list("positive token counts"), default=[1024, 4096])
     p.add_argument("--shapes", default="8b", choices=tuple(SHAPES))
     p.add_argument("--parts", default="1,2", help="which parts to run (2 needs --model)")
+    p.add_argument("--variants", type=lambda s: s.split(","), default=list(VARIANTS),
+                   help=f"which of {','.join(VARIANTS)} to run")
     p.add_argument("--iters", type=positive_int, default=20, help="calls a timed run")
     p.add_argument("--model", help="a checkpoint for part 2 (full decode through the engine), "
                    "as bench.py's --checkpoint_path; 'default' for the default model")

@@ -232,11 +232,11 @@ def test_split_attention_is_the_masked_softmax_in_pieces(slots, chunk):
     assert (M.split_attend(q, k, v, mask, chunk).double() - ref).abs().max() < 1e-5
 
 
-# compiled: slow (a minute of compiling on a 2-core CPU) for a path off by default (split-K
-# decode attention, waiting for a GPU to measure it)
+# compiled: slow (a minute of compiling on a 2-core CPU) for a path the CPU does not take by
+# default (split-K decode attention is CUDA's; the CPU's compiled step reads through reductions)
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_decoding_through_split_attention_keeps_the_tokens(monkeypatch, compiled):
-    # With SPLIT_SLOTS set, a decode step that would go to SDPA with a mask attends chunk by
+    # With SPLIT_SLOTS set for the device, a decode step that would go to SDPA with a mask attends chunk by
     # chunk: the same greedy tokens, eager and compiled (attention as reductions off, so the
     # CPU's compiled step takes that path too).
     model = tiny_model()
@@ -245,7 +245,7 @@ def test_decoding_through_split_attention_keeps_the_tokens(monkeypatch, compiled
     calls = []
     split = M.split_attend
     monkeypatch.setattr(M, "split_attend", lambda *a: calls.append(1) or split(*a))
-    monkeypatch.setattr(M, "SPLIT_SLOTS", 16)
+    monkeypatch.setattr(M, "SPLIT_SLOTS", {"cpu": 16})
     monkeypatch.setattr(M, "REDUCE_ROWS", 0)
     torch._dynamo.reset()
     gen = Generator(model, max_seq_length=100, compile=compiled)
