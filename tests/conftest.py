@@ -11,6 +11,12 @@ DATA = Path(__file__).resolve().parent / "data"
 
 from model import ModelArgs, Transformer  # noqa: E402
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest.ini runs two workers on a 2-core machine: one thread each (and in the processes
+    # they start), so that they do not oversubscribe the cores.
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def tiny_args(**overrides) -> ModelArgs:
     base = dict(vocab_size=256, n_layer=2, dim=64, n_head=4, n_kv_heads=2, head_dim=16,
