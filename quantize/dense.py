@@ -109,14 +109,17 @@ class PackedLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-@torch.library.custom_op("regionkv::stored", mutates_args=())
+# regionkv::stored(x): a copy that Inductor cannot inline (below). Defined on the dispatcher
+# directly: a compiled step calls it from its wrapper in ~4 us, where torch.library.custom_op's
+# Python layers took ~16 (61 calls a step; docs/PERFORMANCE.md, section 6q).
+_LIB = torch.library.Library("regionkv", "DEF")
+_LIB.define("stored(Tensor x) -> Tensor")
+_LIB.impl("stored", lambda x: x.clone(), "CPU")  # only CPU steps store norms
+torch.library.register_fake("regionkv::stored", lambda x: torch.empty_like(x), lib=_LIB)
+
+
 def stored(x: Tensor) -> Tensor:
-    return x.clone()
-
-
-@stored.register_fake
-def _(x: Tensor) -> Tensor:
-    return torch.empty_like(x)
+    return torch.ops.regionkv.stored(x)
 
 
 def _store_streamed_input(norm: nn.Module, args, out: Tensor) -> Tensor:
@@ -124,8 +127,8 @@ def _store_streamed_input(norm: nn.Module, args, out: Tensor) -> Tensor:
     # pointwise producer into the loop of each reduction that reads it, so every weight row
     # widens the activation and the norm weight again (3 bfloat16 loads and conversions for
     # 1); an opaque copy makes it store the row once. It pays where the cores bound the step
-    # (machine A, bfloat16: 3-8% a step), not where the copy's call (~40 us, 61 a step) costs
-    # more (docs/PERFORMANCE.md, section 6n).
+    # (machine A, bfloat16: 6-10% a step), not where the copy's call (61 a step) costs more
+    # (docs/PERFORMANCE.md, sections 6n, 6q).
     if STORE_NORMS and streamed(out):
         return stored(out)
     return out

@@ -21,6 +21,8 @@ sees the machine in the same state:
                   Inductor store it once instead of recomputing it in the head's loop
     unstored      the engine's step without the norms' stored outputs, where the engine stores
                   them (bfloat16 without oneDNN: quantize.dense.STORE_NORMS; section 6n)
+    customop      the engine's step with the norms' copies through torch.library.custom_op,
+                  in the model dtype, as they were before section 6q
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
@@ -42,7 +44,19 @@ from engine.checkpoint import load_model  # noqa: E402
 from engine.cli import DTYPES  # noqa: E402
 from engine.default_model import resolve_checkpoint  # noqa: E402
 
-VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize", "headout", "unstored")
+VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize", "headout", "unstored",
+            "customop")
+
+
+@torch.library.custom_op("decode_ab::stored", mutates_args=())
+def custom_stored(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@custom_stored.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
 
 
 def run_step_out(model, idx, input_pos, caches):
@@ -68,7 +82,7 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     reorder = own_step_graph({**G.STEP_OPTIONS, "reorder_for_locality": True})
     asserts = own_step_graph({**G.STEP_OPTIONS, "size_asserts": True})
     realize = own_step_graph({**G.STEP_OPTIONS, "realize_acc_reads_threshold": 2})
-    unstored = own_step_graph()
+    unstored, customop, engine_stored = own_step_graph(), own_step_graph(), dense.stored
     out = torch.compile(run_step_out, fullgraph=True, dynamic=False, options=G.STEP_OPTIONS)
 
     def headout(*args):
@@ -77,9 +91,10 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     def use(variant: str) -> None:
         M.REDUCE_ROWS = 0 if variant == "sdpa" else 16  # read when a graph is traced
         dense.STORE_NORMS = variant != "unstored"
+        dense.stored = custom_stored if variant == "customop" else engine_stored
         model.step_graph = {"regional": None, "reorder": reorder, "asserts": asserts,
                             "realize": realize, "headout": headout,
-                            "unstored": unstored}.get(variant, graph)
+                            "unstored": unstored, "customop": customop}.get(variant, graph)
         model.block_step = regional if variant == "regional" else nested
 
     print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")
