@@ -236,9 +236,9 @@ def test_split_attention_is_the_masked_softmax_in_pieces(slots, chunk):
 # default (split-K decode attention is CUDA's; the CPU's compiled step reads through reductions)
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_decoding_through_split_attention_keeps_the_tokens(monkeypatch, compiled):
-    # With SPLIT_SLOTS set for the device, a decode step that would go to SDPA with a mask attends chunk by
-    # chunk: the same greedy tokens, eager and compiled (attention as reductions off, so the
-    # CPU's compiled step takes that path too).
+    # With SPLIT_SLOTS set for the device, a decode step that would go to SDPA with a mask
+    # attends chunk by chunk: the same greedy tokens, eager and compiled (attention as
+    # reductions off, so the CPU's compiled step takes that path too).
     model = tiny_model()
     prompt = list(range(3, 40))
     expected = Generator(model, max_seq_length=100).generate(prompt, 30).new_ids[0]
