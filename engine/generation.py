@@ -103,9 +103,7 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     Prompt chunks stay eager; those of compressing `caches` compress token by token through one
     compiled step (or in one compiled pass, with bulk prompt compression), on either device.
     """
-    # One graph per cache policy and batch shape (the step is one function for all): a
-    # process that compiles many of them (bench.py, sweeps) needs more than dynamo's default 8.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    allow_many_graphs()
     if whole_step is None:
         whole_step = model.device.type == "cuda"
     model.block_step = torch.compiler.nested_compile_region(run_block)
@@ -134,6 +132,13 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     return fn
 
 
+def allow_many_graphs() -> None:
+    """One graph per cache policy and batch shape for each compiled function (the decode step,
+    the chunk step: one function for all): a process that compiles many of them (bench.py,
+    sweeps) needs more than dynamo's default 8."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+
+
 def compile_prompt(model: Transformer, backend="inductor") -> Callable:
     """`prefill` compiled for prompt reads (a chunk of compressing caches, a fresh prompt's
     length bucket of the full cache): its blocks run through one nested compiled region,
@@ -141,7 +146,7 @@ def compile_prompt(model: Transformer, backend="inductor") -> Callable:
     steps its caches leave out of the graph run after it (`settling`). Prompts that
     `read_prompt` takes layer by layer go through `model.chunk_step`, set here: one layer's
     step through its cache over a chunk, compiled once for every layer."""
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    allow_many_graphs()
     model.block_step = model.block_step or torch.compiler.nested_compile_region(run_block)
     step = torch.compile(through_cache, fullgraph=True, dynamic=False, backend=backend,
                          options=COMPRESS_OPTIONS if backend == "inductor" else None)
