@@ -299,20 +299,24 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, input_pos: Tensor, cache, through: Callable = through_cache
                 ) -> Tensor:
-        B, T, _ = x.shape
-        H, Hkv, D = self.n_head, self.n_kv_heads, self.head_dim
-        q, k, v = self.wqkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
-        q = q.view(B, T, H, D).transpose(1, 2)
-        k = k.view(B, T, Hkv, D).transpose(1, 2)
-        v = v.view(B, T, Hkv, D).transpose(1, 2)
-
         # The cache contract (caches/base.py): update applies RoPE (the cache owns the position
         # map), stores K/V with n_kv_heads and returns what to attend over; commit receives the
         # probabilities (only if the policy scores by attention) and compresses. `through`
         # may take the rows through the cache in pieces (Transformer.read_by_layer).
-        y = through(cache, input_pos, q, k, v)
-        y = y.transpose(1, 2).reshape(B, T, H * D)
-        return self.wo(y)
+        return self.out(through(cache, input_pos, *self.qkv(x)))
+
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [B, T, dim] -> q [B, H, T, D], k/v [B, Hkv, T, D], un-rotated."""
+        B, T, _ = x.shape
+        H, Hkv, D = self.n_head, self.n_kv_heads, self.head_dim
+        q, k, v = self.wqkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
+        return (q.view(B, T, H, D).transpose(1, 2), k.view(B, T, Hkv, D).transpose(1, 2),
+                v.view(B, T, Hkv, D).transpose(1, 2))
+
+    def out(self, y: Tensor) -> Tensor:
+        """Attention's output y [B, H, T, D] -> [B, T, dim]."""
+        B, H, T, D = y.shape
+        return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
 
 
 class FeedForward(nn.Module):
@@ -336,7 +340,12 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: Tensor, input_pos: Tensor, cache, through: Callable = through_cache
                 ) -> Tensor:
-        h = x + self.attention(self.attention_norm(x), input_pos, cache, through)
+        return self.after_attention(x, self.attention(self.attention_norm(x), input_pos, cache,
+                                                      through))
+
+    def after_attention(self, x: Tensor, a: Tensor) -> Tensor:
+        """The rest of the block once attention gave a [B, T, dim] for its input x."""
+        h = x + a
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -428,48 +437,106 @@ class Transformer(nn.Module):
         return run_head(self.norm, self.output, x)
 
     def read_by_layer(self, idx: Tensor, input_pos: Tensor, caches, chunk: int,
-                      out_idx: Optional[Tensor] = None, step: Callable = through_cache) -> Tensor:
+                      out_idx: Optional[Tensor] = None, step: Callable = through_cache,
+                      piece: Optional[int] = None) -> Tensor:
         """forward for rows that the caches take `chunk` at a time, in order (a compressing
-        cache's prompt chunks), layer by layer: each layer's linears run once on all T rows,
-        and its cache takes the chunks one after another, each through `step` (through_cache,
-        or it compiled: engine.generation.compile_prompt). A layer reads only its own cache, so
-        this is forward called chunk by chunk, up to the GEMMs' rounding, with every weight
-        read once instead of once a chunk (docs/PERFORMANCE.md, section 6o)."""
+        cache's prompt chunks), layer by layer: each layer's linears run once on a piece of
+        `piece` rows (a multiple of `chunk`; all T rows by default), and its cache takes the
+        piece's chunks one after another, each through `step` (through_cache, or it compiled:
+        engine.generation.compile_prompt). A layer reads only its own cache, so this is forward
+        called chunk by chunk, up to the GEMMs' rounding, with every weight read once a piece
+        instead of once a chunk (docs/PERFORMANCE.md, section 6o).
+
+        The pieces go as a wavefront: layer l reads piece p at wave p + l, once layer l - 1 has
+        read it. In a wave the layers at work take their chunks in step, as one stack of caches
+        where they are alike, each layer's rows at their own positions: a chunk's step and the
+        token steps it leaves (RegionCache.commit) are then one call for all of them, as
+        chunk by chunk every layer's token steps settle at once (section 6s)."""
         if input_pos.dim() == 1:
             input_pos = input_pos.view(1, -1).expand(idx.shape[0], -1)
-        spans = [(s, min(s + chunk, idx.shape[1])) for s in range(0, idx.shape[1], chunk)]
-        bounds = None  # each chunk's first and last position per row, for `scheduled` caches
+        T = idx.shape[1]
+        piece = piece or T
+        n_piece, n_layer = -(-T // piece), len(self.layers)
+        # Each piece's chunks, as (start, end) over the T rows.
+        spans = [[(c, min(c + chunk, T)) for c in range(s, min(s + piece, T), chunk)]
+                 for s in range(0, T, piece)]
+        bounds = {}  # each chunk's first and last position per row, for `scheduled` caches
         if any(c.scheduled for c in caches):
             pos = input_pos.tolist()  # one host read
-            bounds = [([p[s] for p in pos], [p[e - 1] for p in pos]) for s, e in spans]
+            bounds = {(s, e): ([p[s] for p in pos], [p[e - 1] for p in pos])
+                      for piece_spans in spans for s, e in piece_spans}
 
-        def chunks(cache, input_pos, q, k, v):
-            ys = []
-            for i, (s, e) in enumerate(spans):
-                # Copies: a compiled step guards its inputs' strides, which a slice takes
-                # from the piece's length (contiguous() keeps them where a dimension is 1).
-                pos, qc, kc, vc = (t.clone(memory_format=torch.contiguous_format) for t in (
-                    input_pos[:, s:e], q[:, :, s:e], k[:, :, s:e], v[:, :, s:e]))
-                if cache.scheduled:
-                    cache.before_step(*bounds[i])
-                cache.waiting = waiting = []  # eager token steps wait for the chunk's attention
-                try:
-                    ys.append(step(cache, pos, qc, kc, vc))
-                    if waiting:
-                        cache.settle(waiting, pos)
-                finally:
-                    cache.waiting = None
-                    if cache.scheduled:
-                        cache.after_step()
-            return torch.cat(ys, dim=2)
-
-        x = self.tok_embeddings(idx)
-        for layer, cache in zip(self.layers, caches):
-            x = layer(x, input_pos, cache, through=chunks)
+        x = {}  # a piece's activations, as the last layer to read it left them
+        last = []  # the last layer's, piece by piece
+        for wave in range(n_piece + n_layer - 1):
+            # The layers at work, each on its piece. Those whose caches are alike, with pieces
+            # of as many chunks, go as one stack (RegionCache.stacked: a cache whose rows are
+            # every layer's, copied in once a wave and back after it), so that a chunk's update,
+            # attention and commit, and then its token steps, are one call for all of them.
+            groups: dict = {}
+            for i in range(max(0, wave - n_piece + 1), min(n_layer, wave + 1)):
+                p = wave - i
+                if i == 0:
+                    x[p] = self.tok_embeddings(idx[:, spans[p][0][0]:spans[p][-1][1]])
+                layer = self.layers[i]
+                groups.setdefault((caches[i].alike(), tuple(e - s for s, e in spans[p])), []
+                                  ).append((i, p, layer.attention.qkv(layer.attention_norm(x[p]))))
+            stacks = []  # (the stack, its caches, their layers' (i, p, qkv), its output by chunk)
+            for members in groups.values():
+                n = caches[members[0][0]].stack_limit
+                for part in (members[j:j + n] for j in range(0, len(members), n)):
+                    own = [caches[i] for i, _, _ in part]
+                    stacks.append((own[0] if len(own) == 1 else own[0].stacked(own), own, part,
+                                   []))
+            for c in range(max(len(spans[part[0][1]]) for _, _, part, _ in stacks)):
+                for stack, own, part, ys in stacks:
+                    if c < len(spans[part[0][1]]):
+                        ys.append(self._chunk(stack, len(own) > 1, input_pos, bounds, step,
+                                              [(spans[p][c], spans[p][0][0], qkv)
+                                               for _, p, qkv in part]))
+            for stack, own, part, ys in stacks:
+                if len(own) > 1:
+                    stack.unstack(own)
+                y = torch.cat(ys, dim=2).chunk(len(own))
+                for (i, p, _), a in zip(part, y):
+                    layer = self.layers[i]
+                    x[p] = layer.after_attention(x[p], layer.attention.out(a))
+                    if i == n_layer - 1:
+                        last.append(x.pop(p))
+        x = torch.cat(last, dim=1)
         if out_idx is not None:
             x = x[:, out_idx]
         return run_head(self.norm, self.output, x)
 
+
+    @staticmethod
+    def _chunk(cache, stack: bool, input_pos: Tensor, bounds: dict, step: Callable,
+               rows: list) -> Tensor:
+        """One chunk through a cache (or a stack of caches, a layer's rows after another's):
+        rows holds each layer's chunk (start, end) over the prompt, its piece's start and its
+        piece's q/k/v; then the token steps the cache left. -> y [B (x layers), H, T, D]."""
+        # Copies: a compiled step guards its inputs' strides, which a slice takes from the
+        # piece's length.
+        pos = torch.cat([input_pos[:, s:e] for (s, e), _, _ in rows])
+        q, k, v = (torch.cat([qkv[j][:, :, s - at:e - at] for (s, e), at, qkv in rows])
+                   for j in range(3))
+        if stack:  # one compiled step for a stack of any height (RegionCache.stacked)
+            for t in (pos, q, k, v):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+        if cache.scheduled:
+            cache.before_step(*(sum((bounds[r][j] for r, _, _ in rows), []) for j in range(2)))
+        # An eager commit leaves its token steps on its list, a traced chunk with no list
+        # (caches/base.py); both settle here.
+        left = cache.waiting = []
+        try:
+            y = step(cache, pos, q, k, v)
+            if left or pos.shape[1] > 1 and cache.takes_token_steps(pos.shape[1]):
+                cache.settle([cache], pos)
+        finally:
+            cache.waiting = None
+            if cache.scheduled:
+                cache.after_step()
+        return y
 
 def run_head(norm: nn.Module, output: nn.Module, x: Tensor) -> Tensor:
     """The final norm and the head: logits in float32."""

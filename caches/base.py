@@ -96,9 +96,9 @@ class KVCache(nn.Module):
         traced prompt chunk, above)."""
         return False
 
-    def settle(self, waiting: list, input_pos: Tensor) -> None:
+    def settle(self, waiting: list, input_pos) -> None:
         """Do the work that the caches in `waiting` (this one among them) left in `commit` for
-        the step at input_pos [B, T]."""
+        the step at input_pos [B, T] (or a list: each cache's own)."""
         raise NotImplementedError
 
     @property
@@ -140,6 +140,14 @@ class KVCache(nn.Module):
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """x [B, H, T, D] rotated at positions [B, T]."""
         return apply_rope(x, self.rope[positions].unsqueeze(1))
+
+    # The most caches alike that go as one (a policy that stacks them: RegionCache.stacked).
+    stack_limit = 1
+
+    def alike(self) -> tuple:
+        """What caches must share to go as one cache, a row per layer and row (a policy that
+        can: RegionCache.stacked); by default a cache is alike only itself."""
+        return (id(self),)
 
     def with_buffers(self, buffers: dict) -> "KVCache":
         """This cache with other buffers (name -> tensor, every name of its own): a shallow

@@ -14,7 +14,7 @@ def uniform(key: Tensor, cur: Tensor, n: int, start: int = 0) -> Tensor:
     compiled graph (or a CUDA graph) replays it exactly.
     """
     i = torch.arange(start, start + n, device=key.device)
-    # key [1], or [B] (a stack of layers, RegionCache.settle: each row its layer's key)
+    # key [1], or [B] (a stack of layers, RegionCache.stacked: each row its layer's key)
     return uniform_at(key.view(-1, 1), cur.view(-1, 1), i).unsqueeze(-1)
 
 
@@ -104,7 +104,7 @@ class CaMCache(RegionCache):
         prob = torch.where(a_next > 0, (a_i / a_next.clamp(min=1e-30)).clamp(0, 1), 1.0)
         left_at = self.pos.gather(-1, victims) + self.window                  # [B, H, K]
         head = torch.arange(H, device=victims.device).view(1, H, 1) + self.head_offset
-        draw = uniform_at(self.rng_key, left_at, head) < prob.squeeze(-1)
+        draw = uniform_at(self.rng_key.view(-1, 1, 1), left_at, head) < prob.squeeze(-1)
         merge = do & draw & (count.squeeze(-1) > 0)
         share = self.read_v(victims) / count.clamp(min=1)                     # [B, H, K, D]
         add = (share.unsqueeze(3) * (merge.unsqueeze(-1) & follows).unsqueeze(-1))

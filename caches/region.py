@@ -69,6 +69,7 @@ class RegionCache(KVCache):
 
     compiled_compress = None  # RegionCache.compress_step compiled, shared by every layer
     compiled_bulk = None      # RegionCache.compress_bulk compiled, shared by every layer
+    any_rows = False  # a stack of caches (`stacked`), whose height varies from call to call
     stats: tuple = ()    # names of per-slot float32 statistics
     has_middle = True
     # Whether the bulk pass over a prompt chunk leaves exactly the tokens that the chunk's token
@@ -339,37 +340,71 @@ class RegionCache(KVCache):
         compress = self.compiled_compress if input_pos.shape[1] > 1 and self.compiled_compress \
             else RegionCache.compress_step
         for i in range(input_pos.shape[1]):
-            compress(self, input_pos[:, i:i + 1].unsqueeze(-1))
+            cur = input_pos[:, i:i + 1].unsqueeze(-1)
+            if self.any_rows:  # a stack: its height is dynamic (`stacked`)
+                torch._dynamo.maybe_mark_dynamic(cur, 0)
+            compress(self, cur)
 
-    def settle(self, waiting: list, input_pos: Tensor) -> None:
+    def settle(self, waiting: list, input_pos) -> None:
         """The token steps of an eager step or a traced prompt chunk (T tokens; a decode
-        step's one) for every layer whose cache waited: caches alike (same class, settings
-        and buffer shapes) are stacked into one cache, a row per layer and row, which takes
-        the T steps once instead of once per layer (the ops of a step are small: their count,
-        not their size, is the cost). Exactly the steps each cache takes alone: a step's
-        every op is per row. The stack is a copy, made per step and written back, in parts of
-        at most STACK_BYTES, and only where the copy costs less than the calls it saves
-        (STEP_BYTES)."""
+        step's one) for every layer whose cache waited, at input_pos [B, T], or at one such
+        tensor per cache (the layers of a wavefront stand at different positions:
+        Transformer.read_by_layer). Caches alike (same class, settings and buffer shapes) are
+        stacked into one cache, a row per layer and row, which takes the T steps once instead
+        of once per layer (the ops of a step are small: their count, not their size, is the
+        cost). Exactly the steps each cache takes alone: a step's every op is per row. The
+        stack is a copy, made per step and written back, in parts of at most STACK_BYTES, and
+        only where the copy costs less than the calls it saves (STEP_BYTES)."""
+        positions = input_pos if isinstance(input_pos, list) else [input_pos] * len(waiting)
         groups: dict = {}
-        for cache in waiting:
-            groups.setdefault(cache.alike(), []).append(cache)
-        T = input_pos.shape[1]
-        for group in groups.values():
-            nbytes = group[0].nbytes
+        for cache, pos in zip(waiting, positions):
+            groups.setdefault((cache.alike(), pos.shape[1]), []).append((cache, pos))
+        for (_, T), group in groups.items():
             # A stack copies each cache in and out once for the T steps: it pays while that is
             # cheaper than T calls per layer (STEP_BYTES a call).
-            n = max(1, STACK_BYTES // nbytes) if nbytes <= T * STEP_BYTES else 1
+            n = group[0][0].stack_limit if group[0][0].nbytes <= T * STEP_BYTES else 1
             for part in (group[i:i + n] for i in range(0, len(group), n)):
                 if len(part) == 1:
-                    part[0].token_steps(input_pos)
+                    part[0][0].token_steps(part[0][1])
                     continue
-                stack = stacked(part)
-                stack.token_steps(input_pos.repeat(len(part), 1))
-                unstack(stack, part)
+                stack = self.stacked([cache for cache, _ in part])
+                stack.token_steps(torch.cat([pos for _, pos in part]))
+                stack.unstack([cache for cache, _ in part])
+
+    @staticmethod
+    def stacked(caches: list) -> "RegionCache":
+        """Caches alike as one: a copy of the first whose buffers hold every cache's rows,
+        layer after layer (row l * B + b is row b of caches[l]); each row keeps its layer's
+        random key. Its rows are marked dynamic, so that one compiled step serves a stack of
+        any height (a wavefront's layers at work vary from wave to wave: a graph for each
+        height took minutes to compile)."""
+        B = caches[0].pos.shape[0]
+        buffers = {name: (t if name == "rope" or t is None else torch.cat(
+            [c._buffers[name].expand(B) if name == "rng_key" else c._buffers[name]
+             for c in caches])) for name, t in caches[0]._buffers.items()}
+        for name, t in buffers.items():
+            if t is not None and name != "rope":
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+        stack = caches[0].with_buffers(buffers)
+        stack.any_rows = True
+        return stack
+
+    @property
+    def stack_limit(self) -> int:
+        """The most caches like this one that go in one stack: STACK_BYTES of copies."""
+        return max(1, STACK_BYTES // self.nbytes)
+
+    def unstack(self, caches: list) -> None:
+        """Write this stack's rows back into the caches it was made of."""
+        B = caches[0].pos.shape[0]
+        for name, t in self._buffers.items():
+            if name not in ("rope", "rng_key") and t is not None:
+                for i, c in enumerate(caches):
+                    c._buffers[name].copy_(t[i * B:(i + 1) * B])
 
     def alike(self) -> tuple:
-        """What caches must share to be stacked: class, settings (every plain attribute but
-        the layer's index) and buffer shapes."""
+        """What caches must share to be stacked (`stacked`): class, settings (every plain
+        attribute but the layer's index) and buffer shapes."""
         plain = (int, float, str, bool, type(None))
         settings = sorted((k, v) for k, v in vars(self).items()
                           if isinstance(v, plain) and k != "layer_id")
@@ -565,24 +600,6 @@ STACK_BYTES = 256 * 2**20
 # ~4 bytes moved per byte at 20-30 GB/s): a layer's cache at most T times this is stacked for
 # T steps. Decode (T = 1) stacks the default model's layers up to a budget of about 600 (float32).
 STEP_BYTES = 2**20
-
-
-def stacked(caches: list) -> RegionCache:
-    """Caches alike as one: a copy of the first whose buffers hold every cache's rows, layer
-    after layer (row l * B + b is row b of caches[l]); each row keeps its layer's random key."""
-    B = caches[0].pos.shape[0]
-    return caches[0].with_buffers({name: (t if name == "rope" or t is None else torch.cat(
-        [c._buffers[name].expand(B) if name == "rng_key" else c._buffers[name]
-         for c in caches])) for name, t in caches[0]._buffers.items()})
-
-
-def unstack(stack: RegionCache, caches: list) -> None:
-    """Write a stack's rows back into the caches it was made of."""
-    B = caches[0].pos.shape[0]
-    for name, t in stack._buffers.items():
-        if name not in ("rope", "rng_key") and t is not None:
-            for i, c in enumerate(caches):
-                c._buffers[name].copy_(t[i * B:(i + 1) * B])
 
 
 def coarse(score: Tensor, step: float = 2.0**-12) -> Tensor:

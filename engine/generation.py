@@ -30,9 +30,11 @@ from model import Transformer, through_cache
 from quantize.dense import STREAM_ROWS, stream_compiled_decode
 
 MIN_PREFILL_BUCKET = 16
-# Prompt rows a layer reads at once when its cache compresses chunk by chunk in one pass
-# (Transformer.read_by_layer); BY_LAYER off: chunk by chunk through every layer, to measure.
+# Prompt rows a layer reads at once when its cache compresses chunk by chunk in one pass, and
+# the most when it takes token steps (a wavefront: Transformer.read_by_layer, layer_piece);
+# BY_LAYER off: chunk by chunk through every layer, to measure.
 PREFILL_PIECE = 1024
+WAVE_PIECE = 256
 BY_LAYER = True
 SESSION_FORMAT = "regionkv-session"
 SESSION_VERSION = 1  # bump when the saved layout changes; older files are refused by name
@@ -135,8 +137,12 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
 def allow_many_graphs() -> None:
     """One graph per cache policy and batch shape for each compiled function (the decode step,
     the chunk step: one function for all): a process that compiles many of them (bench.py,
-    sweeps) needs more than dynamo's default 8."""
+    sweeps) needs more than dynamo's default 8. A stack of caches (RegionCache.stacked) is one
+    graph for every height: its rows are marked dynamic, which dynamo ignores in a module's
+    buffers unless told (graphs compiled with dynamic=False hold every unmarked size static)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    torch._dynamo.config.force_nn_module_property_static_shapes = False
+    torch._dynamo.config.force_parameter_static_shapes = False
 
 
 def compile_prompt(model: Transformer, backend="inductor") -> Callable:
@@ -145,17 +151,13 @@ def compile_prompt(model: Transformer, backend="inductor") -> Callable:
     compiled once instead of unrolled (minutes with compression in every block), and the token
     steps its caches leave out of the graph run after it (`settling`). Prompts that
     `read_prompt` takes layer by layer go through `model.chunk_step`, set here: one layer's
-    step through its cache over a chunk, compiled once for every layer."""
+    step through its cache over a chunk, compiled once for every layer (the token steps it
+    leaves settle in Transformer.read_by_layer, with the other layers')."""
     allow_many_graphs()
     model.block_step = model.block_step or torch.compiler.nested_compile_region(run_block)
-    step = torch.compile(through_cache, fullgraph=True, dynamic=False, backend=backend,
-                         options=COMPRESS_OPTIONS if backend == "inductor" else None)
-
-    def chunk_step(cache, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        y = step(cache, input_pos, q, k, v)
-        settle_left([cache], input_pos)
-        return y
-    model.chunk_step = chunk_step
+    model.chunk_step = torch.compile(through_cache, fullgraph=True, dynamic=False,
+                                     backend=backend,
+                                     options=COMPRESS_OPTIONS if backend == "inductor" else None)
     return settling(torch.compile(prefill, fullgraph=True, dynamic=False, backend=backend))
 
 
@@ -221,17 +223,18 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
     # one token at a time: two graph shapes for every prompt length.
     n_chunks, whole = T // chunk, T // chunk * chunk
     logits = None
-    if BY_LAYER and n_chunks > 1 and not any(c.takes_token_steps(chunk) for c in caches):
-        # Caches that compress a chunk in one pass take pieces layer by layer: each layer's
-        # linears read PREFILL_PIECE rows at once instead of a chunk's 32 (the same values).
-        # Token-step caches keep chunk order, where every layer's steps go at once (settle).
-        rows = max(1, PREFILL_PIECE // chunk) * chunk
+    piece = layer_piece(caches, chunk, whole, len(model.layers)) if BY_LAYER else None
+    if piece is not None:
+        # Layer by layer: each layer's linears read a piece of rows at once instead of a
+        # chunk's 32 (the same values): one piece after another where every cache compresses
+        # a chunk in one pass, the whole prompt as one wavefront where caches take token steps.
+        span = piece if not any(c.takes_token_steps(chunk) for c in caches) else whole
         through = model.chunk_step if compiled and model.chunk_step else through_cache
-        for s in range(0, whole, rows):
-            e = min(s + rows, whole)
+        for s in range(0, whole, span):
+            e = min(s + span, whole)
             logits = model.read_by_layer(tokens[:, s:e], start + torch.arange(s, e, device=dev),
                                          caches, chunk, torch.tensor([e - s - 1], device=dev),
-                                         through)[:, -1]
+                                         through, piece)[:, -1]
     else:
         last = torch.tensor([chunk - 1], device=dev)
         for c in range(n_chunks):
@@ -247,6 +250,22 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
         step = tokens[:, t:t + 1].clone(memory_format=torch.contiguous_format)
         logits = prefill(model, caches, step, start + t, last)
     return logits
+
+
+def layer_piece(caches, chunk: int, rows: int, n_layer: int) -> Optional[int]:
+    """The piece of prompt rows that each layer's linears read at once when `rows` rows (whole
+    chunks) are read layer by layer (Transformer.read_by_layer), or None: chunk by chunk
+    through every layer. One-pass caches take PREFILL_PIECE rows. Token-step caches go as a
+    wavefront, whose filling and draining add (n_layer - 1) pieces of token steps, each a call
+    (the layers at work share it): pieces of up to WAVE_PIECE rows and no more than
+    2 rows / (n_layer - 1), so that they at most triple the prompt's own; under two chunks the
+    wavefront does not pay, and the chunks go in order (docs/PERFORMANCE.md, section 6s)."""
+    if rows <= chunk:
+        return None
+    if not any(c.takes_token_steps(chunk) for c in caches):
+        return max(1, PREFILL_PIECE // chunk) * chunk
+    piece = min(WAVE_PIECE, 2 * rows // max(1, n_layer - 1)) // chunk * chunk
+    return piece if piece >= 2 * chunk else None
 
 
 def prefill_chunk(caches) -> Optional[int]:

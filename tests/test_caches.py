@@ -875,13 +875,17 @@ def assert_same_caches(a, b, atol=1e-5):
     ("h2o", {"positions": "cache"}),
     ("streaming", {"compression_interval": 4}),
     ("weightedkv,full", {"layer_pattern": "repeat", "prompt_compression": "bulk"}),
+    ("weightedkv,full", {"layer_pattern": "repeat"}),
 ])
-def test_a_prompt_read_layer_by_layer_is_read_chunk_by_chunk(name, kw):
+@pytest.mark.parametrize("piece", [None, 16])
+def test_a_prompt_read_layer_by_layer_is_read_chunk_by_chunk(name, kw, piece):
     """Two rows read 48 tokens in chunks of 8 over a budget of 16, then 48 more (a later
     piece, over retained tokens), eager: Transformer.read_by_layer (each layer's linears on
-    all 48 rows, its cache taking the six chunks in order) gives forward's logits and caches
-    chunk by chunk, for every policy, the token-step ones (their steps settle per chunk and
-    layer) and the scheduled ones (LagKV's partitions, a compression interval) included."""
+    all 48 rows, or as a wavefront of pieces of 16 rows, its cache taking the six chunks in
+    order) gives forward's logits and caches chunk by chunk, for every policy, the token-step
+    ones (their steps settle per chunk and layer; in a wavefront the layers at work go as one
+    stack, each at its own positions) and the scheduled ones (LagKV's partitions, a
+    compression interval) included."""
     model = tiny_model(n_layer=3)
     ids = torch.randint(0, 256, (2, 96), generator=torch.Generator().manual_seed(1))
     factory = make_cache_factory(name, cache_size=BUDGET, chunk=8, **kw)
@@ -891,29 +895,33 @@ def test_a_prompt_read_layer_by_layer_is_read_chunk_by_chunk(name, kw):
             pos = torch.arange(s, s + 48).expand(2, 48)
             want = [model(ids[:, c:c + 8], pos[:, c - s:c - s + 8], chunked)[:, -1]
                     for c in range(s, s + 48, 8)][-1]
-            got = model.read_by_layer(ids[:, s:s + 48], pos, layered, 8, torch.tensor([47]))
+            got = model.read_by_layer(ids[:, s:s + 48], pos, layered, 8, torch.tensor([47]),
+                                      piece=piece)
             assert torch.allclose(got[:, -1], want, atol=1e-5)
             assert_same_caches(chunked, layered)
 
 
-@pytest.mark.parametrize("name,kw,by_layer", [
-    ("streaming", {}, True),
-    ("h2o", {}, True),
-    ("weightedkv", {"prompt_compression": "bulk"}, True),
-    ("weightedkv", {}, False),  # token steps: every layer's at once, chunk by chunk (settle)
-    ("cam", {}, False),
+@pytest.mark.parametrize("name,kw,reads", [
+    ("streaming", {}, [24, 24, 8]),
+    ("h2o", {}, [24, 24, 8]),
+    ("weightedkv", {"prompt_compression": "bulk"}, [24, 24, 8]),
+    ("weightedkv", {}, [56]),  # token steps: a wavefront over the whole prompt
+    ("cam", {}, [56]),
 ])
-def test_read_prompt_takes_one_pass_chunks_layer_by_layer_in_pieces(name, kw, by_layer,
-                                                                     monkeypatch):
-    """read_prompt reads a 61-token prompt (chunks of 8) in pieces of 24 rows layer by layer
-    (24, 24, 8; then 5 tokens one by one) where every cache compresses a chunk in one pass,
-    and chunk by chunk where a cache takes token steps; the logits and caches of BY_LAYER off."""
+def test_read_prompt_reads_layer_by_layer_in_pieces_or_as_a_wavefront(name, kw, reads,
+                                                                        monkeypatch):
+    """read_prompt reads a 61-token prompt (chunks of 8) layer by layer: in pieces of 24 rows
+    one after another (24, 24, 8; then 5 tokens one by one) where every cache compresses a
+    chunk in one pass, and where a cache takes token steps as one wavefront of pieces of 16
+    rows over the 56; the logits and caches of BY_LAYER off (chunk by chunk through every
+    layer)."""
     import engine.generation as generation
     from model import Transformer
     model = tiny_model(n_layer=2)
     ids = torch.randint(0, 256, (1, 61), generator=torch.Generator().manual_seed(2))
     factory = make_cache_factory(name, cache_size=BUDGET, chunk=8, **kw)
     monkeypatch.setattr(generation, "PREFILL_PIECE", 24)
+    monkeypatch.setattr(generation, "WAVE_PIECE", 16)
     pieces = []
     read = Transformer.read_by_layer
     monkeypatch.setattr(Transformer, "read_by_layer",
@@ -927,7 +935,7 @@ def test_read_prompt_takes_one_pass_chunks_layer_by_layer_in_pieces(name, kw, by
                                                   256)
 
     caches, logits = read_prompt(True)
-    assert pieces == ([24, 24, 8] if by_layer else [])
+    assert pieces == reads
     pieces.clear()
     want_caches, want = read_prompt(False)
     assert pieces == []
@@ -937,10 +945,28 @@ def test_read_prompt_takes_one_pass_chunks_layer_by_layer_in_pieces(name, kw, by
 
 @pytest.mark.parametrize("name", ["weightedkv", "streaming"])
 def test_a_compiled_chunk_step_reads_as_the_eager_one(name):
-    """compile_prompt's chunk step (model.chunk_step): compiled code leaves a chunk's token
-    steps (RegionCache.commit), so the step settles them itself; read layer by layer through
-    it, a prompt gives the eager step's logits and caches."""
-    from engine.generation import compile_prompt
+    """compile_prompt's chunk step (model.chunk_step) and compile_decode's token step: read
+    through them as a wavefront (four layers, pieces of one chunk: one to four layers at work,
+    stacked), a prompt gives the eager whole-prompt read's logits and caches, and each
+    compiles two graphs, a cache alone and a stack of any height (none for each height)."""
+    from engine.generation import compile_decode, compile_prompt
+    torch._dynamo.reset()
+    model = tiny_model(n_layer=4)
+    ids = torch.randint(0, 256, (1, 48), generator=torch.Generator().manual_seed(3))
+    factory = make_cache_factory(name, cache_size=BUDGET, chunk=8)
+    eager, compiled = (build_caches(model, 1, 256, factory) for _ in range(2))
+    counter = CompileCounter()
+    compile_prompt(model, backend=counter)
+    compile_decode(lambda *a: None, model, backend=counter, caches=compiled)
+    last = torch.tensor([47])
+    with torch.inference_mode():
+        want = model.read_by_layer(ids, torch.arange(48), eager, 8, last)
+        got = model.read_by_layer(ids, torch.arange(48), compiled, 8, last, model.chunk_step, 8)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert_same_caches(eager, compiled)
+    token_steps = compiled[0].takes_token_steps(8)
+    assert token_steps == (name == "weightedkv")
+    assert counter.frame_count == (4 if token_steps else 2)
     torch._dynamo.reset()
     model = tiny_model(n_layer=2)
     ids = torch.randint(0, 256, (1, 48), generator=torch.Generator().manual_seed(3))

@@ -159,12 +159,15 @@ def test_fresh_prompt_attends_causally_over_its_own_slots(monkeypatch, dtype):
     assert not fresh(torch.arange(5, 9).view(1, -1)) and not fresh(torch.tensor([[0, 1], [3, 4]]))
 
 
-def test_a_compiled_fresh_prompt_attends_causally_over_its_own_slots():
+def test_a_compiled_fresh_prompt_attends_causally_over_its_own_slots(monkeypatch):
     """--compile_prefill: a graph cannot read the positions on the host, so read_prompt tells
     the caches that every row starts at 0 (`fresh`): a fresh prompt's graph attends causally
     over its own slots; a later turn of the full cache reads eager (under the mask, faster
-    than a padded graph), and a layered plan's compiled chunks keep the mask in their full
-    layers. Logits equal eager ones."""
+    than a padded graph), and a layered plan's compiled chunks (read chunk by chunk, as a
+    prompt too short to read layer by layer is) keep the mask in their full layers. Logits
+    equal eager ones."""
+    import engine.generation as generation
+    monkeypatch.setattr(generation, "BY_LAYER", False)
     torch._dynamo.reset()
     model = tiny_model()
     prompt, turn = list(range(3, 14)), list(range(20, 29))
