@@ -508,7 +508,6 @@ class Transformer(nn.Module):
             x = x[:, out_idx]
         return run_head(self.norm, self.output, x)
 
-
     @staticmethod
     def _chunk(cache, stack: bool, input_pos: Tensor, bounds: dict, step: Callable,
                rows: list) -> Tensor:
@@ -537,6 +536,7 @@ class Transformer(nn.Module):
             if cache.scheduled:
                 cache.after_step()
         return y
+
 
 def run_head(norm: nn.Module, output: nn.Module, x: Tensor) -> Tensor:
     """The final norm and the head: logits in float32."""

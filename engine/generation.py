@@ -190,9 +190,12 @@ def warmup_positions(caches) -> list:
 
 
 def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_seq_length: int,
-                prefill_fn=prefill, compiled: bool = False) -> Tensor:
+                prefill_fn=prefill, compiled: bool = False, piece: Optional[int] = None
+                ) -> Tensor:
     """tokens [B, T] at positions start [B, 1] + 0..T-1 through the caches, as each cache reads
-    a prompt (whole, in fixed chunks, or one shot); the logits [B, V] after the last token."""
+    a prompt (whole, in fixed chunks, or one shot); the logits [B, V] after the last token.
+    piece: the rows a layer reads at once where the prompt is read layer by layer (a
+    warm-up's; by default `layer_piece` chooses)."""
     dev = tokens.device
     B, T = tokens.shape
     chunk = prefill_chunk(caches)
@@ -223,8 +226,9 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
     # one token at a time: two graph shapes for every prompt length.
     n_chunks, whole = T // chunk, T // chunk * chunk
     logits = None
-    piece = layer_piece(caches, chunk, whole, len(model.layers)) if BY_LAYER else None
-    if piece is not None:
+    if BY_LAYER and piece is None:
+        piece = layer_piece(caches, chunk, whole, len(model.layers))
+    if BY_LAYER and piece is not None and whole > chunk:
         # Layer by layer: each layer's linears read a piece of rows at once instead of a
         # chunk's 32 (the same values): one piece after another where every cache compresses
         # a chunk in one pass, the whole prompt as one wavefront where caches take token steps.
@@ -500,6 +504,18 @@ class Session:
             self.reset()
             # two chunks where they fit: a prompt read layer by layer compiles its chunk step
             self.append([0] * (2 * chunk if 2 * chunk < self.max_seq_length else chunk))
+        if chunk is not None and 3 * chunk < self.max_seq_length and \
+                any(c.takes_token_steps(chunk) for c in self.caches):
+            # A long prompt of token-step caches goes as a wavefront (read_prompt): three
+            # chunks in pieces of one put a cache alone and a stack of layers to work, so that
+            # the steps of both compile here.
+            self.reset()
+            with torch.inference_mode():
+                read_prompt(self.model, self.caches,
+                            torch.zeros(self.batch_size, 3 * chunk, dtype=torch.long,
+                                        device=self.device),
+                            torch.zeros(self.batch_size, 1, dtype=torch.long, device=self.device),
+                            self.max_seq_length, self.prefill_fn, self.compiled_prefill, chunk)
         sync(self.device)
         self.reset()
         return time.perf_counter() - t0

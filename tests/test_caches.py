@@ -270,6 +270,29 @@ def test_a_warm_up_compiles_lagkv_with_and_without_scoring():
     assert counter.frame_count == frames
 
 
+def test_a_warm_up_compiles_a_wavefront_s_steps(monkeypatch):
+    """Timings exclude compilation: after Session.warmup a long weightedkv prompt, read as a
+    wavefront (one to four layers at work, stacked), and its decode compile nothing."""
+    import engine.generation as generation
+    from engine.generation import compile_prompt
+    torch._dynamo.reset()
+    monkeypatch.setattr(generation, "WAVE_PIECE", 16)
+    model = tiny_model(n_layer=4)
+    counter = CompileCounter()
+    s = Session(model, make_cache_factory("weightedkv", cache_size=BUDGET, chunk=8), 512)
+    s.decode_fn = compile_decode(decode_one_token, model, backend=counter, caches=s.caches)
+    s.prefill_fn, s.compiled_prefill = compile_prompt(model, backend=counter), True
+    s.warmup()
+    frames = counter.frame_count
+    waves = []
+    read = model.read_by_layer
+    monkeypatch.setattr(model, "read_by_layer", lambda *a: waves.append(a[-1]) or read(*a))
+    s.append(list(range(1, 200)))
+    s.generate(20)
+    assert waves == [16] and counter.frame_count == frames
+    torch._dynamo.reset()
+
+
 def test_quantized_cache_bytes_about_half_of_full_in_bf16():
     model = tiny_model(head_dim=64, n_head=2, n_kv_heads=1).to(torch.bfloat16)  # the real D
     full = Generator(model, 4096).cache_bytes
