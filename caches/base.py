@@ -96,9 +96,9 @@ class KVCache(nn.Module):
         traced prompt chunk, above)."""
         return False
 
-    def settle(self, waiting: list, input_pos) -> None:
+    def settle(self, waiting: list, input_pos: Tensor) -> None:
         """Do the work that the caches in `waiting` (this one among them) left in `commit` for
-        the step at input_pos [B, T] (or a list: each cache's own)."""
+        the step at input_pos [B, T]."""
         raise NotImplementedError
 
     @property

@@ -345,31 +345,30 @@ class RegionCache(KVCache):
                 torch._dynamo.maybe_mark_dynamic(cur, 0)
             compress(self, cur)
 
-    def settle(self, waiting: list, input_pos) -> None:
+    def settle(self, waiting: list, input_pos: Tensor) -> None:
         """The token steps of an eager step or a traced prompt chunk (T tokens; a decode
-        step's one) for every layer whose cache waited, at input_pos [B, T], or at one such
-        tensor per cache (the layers of a wavefront stand at different positions:
-        Transformer.read_by_layer). Caches alike (same class, settings and buffer shapes) are
-        stacked into one cache, a row per layer and row, which takes the T steps once instead
-        of once per layer (the ops of a step are small: their count, not their size, is the
-        cost). Exactly the steps each cache takes alone: a step's every op is per row. The
-        stack is a copy, made per step and written back, in parts of at most STACK_BYTES, and
-        only where the copy costs less than the calls it saves (STEP_BYTES)."""
-        positions = input_pos if isinstance(input_pos, list) else [input_pos] * len(waiting)
+        step's one) for every layer whose cache waited: caches alike (same class, settings
+        and buffer shapes) are stacked into one cache, a row per layer and row, which takes
+        the T steps once instead of once per layer (the ops of a step are small: their count,
+        not their size, is the cost). Exactly the steps each cache takes alone: a step's
+        every op is per row. The stack is a copy, made per step and written back, in parts of
+        at most STACK_BYTES, and only where the copy costs less than the calls it saves
+        (STEP_BYTES)."""
         groups: dict = {}
-        for cache, pos in zip(waiting, positions):
-            groups.setdefault((cache.alike(), pos.shape[1]), []).append((cache, pos))
-        for (_, T), group in groups.items():
+        for cache in waiting:
+            groups.setdefault(cache.alike(), []).append(cache)
+        T = input_pos.shape[1]
+        for group in groups.values():
             # A stack copies each cache in and out once for the T steps: it pays while that is
             # cheaper than T calls per layer (STEP_BYTES a call).
-            n = group[0][0].stack_limit if group[0][0].nbytes <= T * STEP_BYTES else 1
+            n = group[0].stack_limit if group[0].nbytes <= T * STEP_BYTES else 1
             for part in (group[i:i + n] for i in range(0, len(group), n)):
                 if len(part) == 1:
-                    part[0][0].token_steps(part[0][1])
+                    part[0].token_steps(input_pos)
                     continue
-                stack = self.stacked([cache for cache, _ in part])
-                stack.token_steps(torch.cat([pos for _, pos in part]))
-                stack.unstack([cache for cache, _ in part])
+                stack = self.stacked(part)
+                stack.token_steps(input_pos.repeat(len(part), 1))
+                stack.unstack(part)
 
     @staticmethod
     def stacked(caches: list) -> "RegionCache":
