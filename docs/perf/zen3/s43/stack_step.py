@@ -1,6 +1,6 @@
 # One stacked chunk step (update, attention, commit; compiled) and its 32 token steps, by the
 # stack's height (layers at work), weightedkv at a budget of 256 on the default model.
-# python docs/perf/zen3/s43/stack_step.py compiled|static|eager [HEIGHTS]
+# [POLICY=weightedkv] [DTYPE=float32] python docs/perf/zen3/s43/stack_step.py compiled|static|eager [HEIGHTS]
 import sys, time, torch
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[4]))
 torch.set_num_threads(2)
@@ -9,11 +9,12 @@ from engine import generation as G
 from engine.checkpoint import load_model
 from engine.default_model import resolve_checkpoint
 from model import through_cache
-model = load_model(resolve_checkpoint(None), dtype=torch.float32)
+import os
+model = load_model(resolve_checkpoint(None), dtype=getattr(torch, os.environ.get("DTYPE", "float32")))
 mode = sys.argv[1]  # eager / compiled / static (compiled, a graph for each height: no marks)
 if mode == "static":
     torch._dynamo.maybe_mark_dynamic = lambda *a: None
-caches = build_caches(model, 1, 4200, make_cache_factory("weightedkv", cache_size=256))
+caches = build_caches(model, 1, 4200, make_cache_factory(os.environ.get("POLICY", "weightedkv"), cache_size=256))
 G.compile_decode(lambda *a: None, model, caches=caches)
 G.compile_prompt(model)
 step = through_cache if mode == "eager" else model.chunk_step
@@ -23,7 +24,7 @@ def run(height, at):
     own = list(caches[:height])
     stack = own[0] if height == 1 else own[0].stacked(own)
     pos = torch.arange(at, at + 32).expand(height, 32).contiguous()
-    q = torch.randn(height, a.n_head, 32, a.head_dim); k = torch.randn(height, a.n_kv_heads, 32, a.head_dim); v = torch.randn_like(k)
+    q = torch.randn(height, a.n_head, 32, a.head_dim, dtype=model.dtype); k = torch.randn(height, a.n_kv_heads, 32, a.head_dim, dtype=model.dtype); v = torch.randn_like(k)
     if height > 1:
         for t in (pos, q, k, v): torch._dynamo.maybe_mark_dynamic(t, 0)
     t0 = time.perf_counter()
