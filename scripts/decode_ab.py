@@ -58,7 +58,6 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-
 def run_step_out(model, idx, input_pos, caches):
     """The step as model.run, returning the final norm's output beside the logits."""
     x = model.tok_embeddings(idx)
