@@ -11,17 +11,27 @@ class KeyDiffCache(RegionCache):
     attention probabilities: the fused attention path stays.
 
     Keys are compared as stored: rotated at their positions (original positions) or
-    un-rotated (rank positions). State: the region buffers only.
+    un-rotated (rank positions). State: the region buffers and each slot's 1 / |k|, taken once
+    as its key is stored (an INT8 middle's as dequantized).
     """
     description = "evict the middle token whose key is most like the mean key (no attention needed)"
+    stats = ("inv_norm",)
+    key_stat = "inv_norm"
 
-    def score(self, cur: Tensor) -> Tensor:
+    def of_key(self, k: Tensor) -> Tensor:
+        return 1 / k.norm(dim=-1).clamp(min=1e-12)
+
+    def score(self, cur: Tensor, start: int = 0) -> Tensor:
+        """Scores of slots start.. [B, H, C - start]."""
         keys = self.all_keys()                                          # [B, H, C, D]
-        inv = 1 / keys.norm(dim=-1).clamp(min=1e-12)                    # 1 / |k|, [B, H, C]
         valid = self.pos >= 0
         # The normalized keys k / |k| are never built: the anchor weighs each key by 1 / |k|,
-        # and a cosine is (k . anchor) / |k| / |anchor|. One pass over the keys for the norms,
-        # one for the anchor, one for the dot products (normalizing first took 1.6x as long).
-        anchor = (keys * torch.where(valid, inv, 0.0).unsqueeze(-1)).sum(2, keepdim=True) \
+        # and a cosine is (k . anchor) / |k| / |anchor|: one pass over the keys for the
+        # anchor, one for the dot products.
+        anchor = (keys * torch.where(valid, self.inv_norm, 0.0).unsqueeze(-1)).sum(2, keepdim=True) \
             / valid.sum(-1)[..., None, None].clamp(min=1)                   # [B, H, 1, D]
-        return -coarse((keys * anchor).sum(-1) * inv / anchor.norm(dim=-1).clamp(min=1e-12))
+        dots = (keys[:, :, start:] * anchor).sum(-1)
+        return -coarse(dots * self.inv_norm[..., start:] / anchor.norm(dim=-1).clamp(min=1e-12))
+
+    def middle_score(self, cur: Tensor) -> Tensor:
+        return self.score(cur, self.n_fast)

@@ -71,6 +71,7 @@ class RegionCache(KVCache):
     compiled_bulk = None      # RegionCache.compress_bulk compiled, shared by every layer
     any_rows = False  # a stack of caches (`stacked`), whose height varies from call to call
     stats: tuple = ()    # names of per-slot float32 statistics
+    key_stat: Optional[str] = None  # the one of `stats` that is a function of the key (`of_key`)
     has_middle = True
     # Whether the bulk pass over a prompt chunk leaves exactly the tokens that the chunk's token
     # steps leave. It does when removal is eviction and every token's score is fixed before it
@@ -249,8 +250,10 @@ class RegionCache(KVCache):
         scatter_tokens(self.v, slots, v)
         per_head = slots.unsqueeze(1).expand(B, H, T)
         put_slots(self.pos, per_head, input_pos.unsqueeze(1).expand(B, H, T).to(torch.int32))
-        for name in self.stats:  # a new token starts from zero statistics
-            put_slots(getattr(self, name), per_head, 0.0)
+        for name in self.stats:  # a new token starts from zero statistics, or its key's
+            new = (self.of_key(k.to(self.k.dtype).float()).expand(B, H, T)
+                   if name == self.key_stat else 0.0)
+            put_slots(getattr(self, name), per_head, new)
         mask = (self.pos.unsqueeze(-2) >= 0) & (self.pos.unsqueeze(-2) <= input_pos.view(B, 1, T, 1))
         return self.trim(self.view(input_pos, q, per_head, mask))
 
@@ -428,7 +431,7 @@ class RegionCache(KVCache):
         spare = (self.pos[..., self.n_fast:] < 0).int().argmax(dim=-1)  # [B, H] a free slot
         self.move_to_middle(ring, spare, moving)
         valid = self.pos[..., self.n_fast:] >= 0
-        score = torch.where(valid, self.score(cur)[..., self.n_fast:], float("inf"))
+        score = torch.where(valid, self.middle_score(cur), float("inf"))
         victim = argmin_oldest(score, self.pos[..., self.n_fast:])
         do = self.must_remove(valid, score, victim)
         self.remove(victim, do, cur)
@@ -459,6 +462,8 @@ class RegionCache(KVCache):
         for name in self.stats:
             stat = getattr(self, name)
             put_slots(stat, g, stat.gather(2, r))
+        if self.key_stat and self.middle_int8:  # the key changed as it entered the middle
+            put_slots(getattr(self, self.key_stat), g, self.of_key(dequantize_int8(kq, ks)))
 
     def compress_bulk(self, cur: Tensor, rows: Optional[Tensor] = None) -> None:
         """After a prompt chunk ending at position cur [B, 1, 1] was attended: one pass. The
@@ -512,13 +517,17 @@ class RegionCache(KVCache):
         for kv, x in (("k", k), ("v", v)):
             if self.middle_int8:
                 x, s = quantize_int8(x)
+                if kv == "k":  # the keys as the middle holds them
+                    k = dequantize_int8(x, s)
                 scale, d1, ok1 = getattr(self, kv + "_scale"), d4[..., :1], ok4[..., :1]
                 put_slots(scale, d1, torch.where(ok1, s, scale.gather(2, d1)))
             self.put_mid(kv, d4, torch.where(ok4, x, getattr(self, kv + "_mid").gather(2, d4)))
         g = dst + self.n_fast
         for name in ("pos", *self.stats):
             stat = getattr(self, name)
-            put_slots(stat, g, torch.where(ok, stat.gather(2, src), stat.gather(2, g)))
+            new = (self.of_key(k) if name == self.key_stat and self.middle_int8
+                   else stat.gather(2, src))
+            put_slots(stat, g, torch.where(ok, new, stat.gather(2, g)))
         put_slots(self.pos, src, torch.where(ok, -1, self.pos.gather(2, src)))
 
     def load_prompt(self, k: Tensor, v: Tensor, keep: Tensor, probs: Tensor) -> None:
@@ -549,6 +558,8 @@ class RegionCache(KVCache):
         else:
             self.k_mid[:, :, :n], self.v_mid[:, :, :n] = km.to(self.k.dtype), vm.to(self.v.dtype)
         self.pos[:, :, self.n_fast:self.n_fast + n] = src.to(torch.int32)
+        if self.key_stat:
+            getattr(self, self.key_stat).copy_(self.of_key(self.all_keys()))
         # The observation window's attention, moved onto the slots its tokens now hold.
         slot_of = torch.full((B, H, T), -1, dtype=torch.long, device=k.device)
         slot_of[:, :, fast] = slots
@@ -583,6 +594,16 @@ class RegionCache(KVCache):
 
     def score(self, cur: Tensor) -> Tensor:
         return self.pos.float()  # oldest first
+
+    def middle_score(self, cur: Tensor) -> Tensor:
+        """The middle slots' scores [B, H, n_mid]: a token step's candidates. A policy whose
+        score costs work per slot scores only these."""
+        return self.score(cur)[..., self.n_fast:]
+
+    def of_key(self, k: Tensor) -> Tensor:
+        """The `key_stat` of keys k [..., D] (float32, as stored) -> [...]: taken once, as a key
+        is stored, instead of from every key at every step."""
+        raise NotImplementedError
 
     def remove(self, victim: Tensor, do: Tensor, cur: Tensor) -> None:
         self.evict(victim, do)

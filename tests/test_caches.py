@@ -424,6 +424,27 @@ def test_keydiff_evicts_the_key_most_like_the_mean():
     assert {p for p in cache.pos[0, 0].tolist() if p >= 0} == {0, 1, 3, 4}
 
 
+@pytest.mark.parametrize("name", ["knorm", "keydiff"])
+@pytest.mark.parametrize("middle", ["model", "int8"])
+@pytest.mark.parametrize("prompt", ["chunked", "bulk", "snapkv"])
+def test_a_key_statistic_is_of_the_key_its_slot_holds(name, middle, prompt):
+    """knorm's norms and keydiff's 1 / |k| are taken once, as a key is stored (a prompt chunk,
+    a decode step, a one-shot load, the move into an INT8 middle, one by one or in a pass),
+    and move with their tokens: after a long stream each slot's equals its key's, as stored."""
+    model = tiny_model()
+    factory = make_cache_factory(name, cache_size=BUDGET, chunk=8, kv_middle=middle,
+                                 prompt_compression=prompt)
+    gen = Generator(model, max_seq_length=256, make_cache=factory)
+    with torch.inference_mode():
+        gen.generate([[(5 * i) % 256 for i in range(60)]], 30, temperature=1.0)
+    for cache in gen.caches:
+        held = cache.pos >= 0
+        stat = getattr(cache, cache.key_stat)
+        assert held[..., cache.n_fast:].any() and (stat[held] > 0).all()
+        torch.testing.assert_close(stat[held], cache.of_key(cache.all_keys())[held],
+                                   rtol=1e-6, atol=0)
+
+
 def test_argmin_ties_go_to_the_oldest():
     history = [{0: 1.0}, {0: 1.0}, {0: 1.0}, {0: 1.0}, {0: 1.0}]  # everyone else scores 0
     cache = standalone(H2OCache, sink=1, window=2, middle=1)
