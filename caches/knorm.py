@@ -9,12 +9,9 @@ class KnormCache(RegionCache):
     norm, per KV head. Keys of low norm draw the most attention, so the norm stands in for it:
     no attention probabilities, the fused attention path stays.
 
-    State: the region buffers and each slot's key norm, taken once as its key is stored (an
-    INT8 middle's as dequantized; RoPE preserves norms).
+    State: the region buffers only (norms are read from the keys; RoPE preserves them).
     """
     description = "evict the middle token whose key has the largest L2 norm (no attention needed)"
-    stats = ("norm",)
-    key_stat = "norm"
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -22,8 +19,5 @@ class KnormCache(RegionCache):
         # bulk pass scores the token before that.
         self.exact_bulk = not self.middle_int8
 
-    def of_key(self, k: Tensor) -> Tensor:
-        return k.norm(dim=-1)
-
     def score(self, cur: Tensor) -> Tensor:
-        return -coarse(self.norm)
+        return -coarse(self.all_keys().norm(dim=-1))

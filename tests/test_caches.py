@@ -424,15 +424,14 @@ def test_keydiff_evicts_the_key_most_like_the_mean():
     assert {p for p in cache.pos[0, 0].tolist() if p >= 0} == {0, 1, 3, 4}
 
 
-@pytest.mark.parametrize("name", ["knorm", "keydiff"])
 @pytest.mark.parametrize("middle", ["model", "int8"])
 @pytest.mark.parametrize("prompt", ["chunked", "bulk", "snapkv"])
-def test_a_key_statistic_is_of_the_key_its_slot_holds(name, middle, prompt):
-    """knorm's norms and keydiff's 1 / |k| are taken once, as a key is stored (a prompt chunk,
-    a decode step, a one-shot load, the move into an INT8 middle, one by one or in a pass),
-    and move with their tokens: after a long stream each slot's equals its key's, as stored."""
+def test_a_key_statistic_is_of_the_key_its_slot_holds(middle, prompt):
+    """keydiff's 1 / |k| is taken once, as a key is stored (a prompt chunk, a decode step, a
+    one-shot load, the move into an INT8 middle, one by one or in a pass), and moves with its
+    token: after a long stream each slot's equals its key's, as stored."""
     model = tiny_model()
-    factory = make_cache_factory(name, cache_size=BUDGET, chunk=8, kv_middle=middle,
+    factory = make_cache_factory("keydiff", cache_size=BUDGET, chunk=8, kv_middle=middle,
                                  prompt_compression=prompt)
     gen = Generator(model, max_seq_length=256, make_cache=factory)
     with torch.inference_mode():
