@@ -28,7 +28,8 @@ class KeyDiffCache(RegionCache):
         # The normalized keys k / |k| are never built: the anchor weighs each key by 1 / |k|,
         # and a cosine is (k . anchor) / |k| / |anchor|: one pass over the keys for the
         # anchor, one for the dot products.
-        anchor = (keys * torch.where(valid, self.inv_norm, 0.0).unsqueeze(-1)).sum(2, keepdim=True) \
+        weight = torch.where(valid, self.inv_norm, 0.0).unsqueeze(-1)
+        anchor = (keys * weight).sum(2, keepdim=True) \
             / valid.sum(-1)[..., None, None].clamp(min=1)                   # [B, H, 1, D]
         dots = (keys[:, :, start:] * anchor).sum(-1)
         return -coarse(dots * self.inv_norm[..., start:] / anchor.norm(dim=-1).clamp(min=1e-12))

@@ -28,6 +28,10 @@ the token just attended, per row):
     remove(victim, do, cur)   evict (default) or merge the victim
     remove_bulk(victims, do, cur)   the same for several victims per head at once (bulk
                               prompt compression, below)
+    middle_score(cur)         the middle slots' scores only (a token step's candidates), for
+                              a score that costs work per slot
+    of_key(k)                 the statistic named `key_stat`, of a key as stored: taken once,
+                              as the key is written or enters an INT8 middle
 
 Prompt chunks compress token by token (`prompt_compression="chunked"`, the default: one
 compression step per chunk token, in order) or in one pass (`"bulk"`): every token that left
