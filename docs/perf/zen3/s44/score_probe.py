@@ -4,6 +4,7 @@
 #   v1 v0 with dots over the middle only       v6 1/|k| given, dots over every slot
 #   v3 1/|k| given, dots over the middle (the engine's token step since 6t)
 #   v5 |k| given (inverted in the step), dots over the middle
+#   v4 v1 with the weights as 1 / sqrt of a sum of squares (another rounding: not equal)
 # PYTHONPATH=. python docs/perf/zen3/s44/score_probe.py B DTYPE v0,v1,v3,v5,v6   [OPTS='{...}' Inductor options]
 # Prints the median ms of a call (200 calls, 7 rounds) and whether its scores equal v0's.
 import json, os, sys, time
