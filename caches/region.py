@@ -454,6 +454,7 @@ class RegionCache(KVCache):
             self.put_mid("v", idx, vq)
             put_slots(self.k_scale, idx[..., :1], ks)
             put_slots(self.v_scale, idx[..., :1], vs)
+            k = dequantize_int8(kq, ks)  # the key as the middle holds it
         else:
             self.put_mid("k", idx, k)
             self.put_mid("v", idx, v)
@@ -464,10 +465,15 @@ class RegionCache(KVCache):
         put_slots(self.pos, g, torch.where(moving, p, -1))
         put_slots(self.pos, r, torch.where(moving, -1, p))
         for name in self.stats:
-            stat = getattr(self, name)
-            put_slots(stat, g, stat.gather(2, r))
-        if self.key_stat and self.middle_int8:  # the key changed as it entered the middle
-            put_slots(getattr(self, self.key_stat), g, self.of_key(dequantize_int8(kq, ks)))
+            put_slots(getattr(self, name), g, self.entering(name, r, k))
+
+    def entering(self, name: str, src: Tensor, k: Tensor) -> Tensor:
+        """Statistic `name` [B, H, K] of the tokens that move from fast slots src [B, H, K] into
+        the middle, whose keys it holds as k [B, H, K, D]: each token's own, but a key
+        statistic of an INT8 middle is taken again (the key changed as it entered)."""
+        if name == self.key_stat and self.middle_int8:
+            return self.of_key(k)
+        return getattr(self, name).gather(2, src)
 
     def compress_bulk(self, cur: Tensor, rows: Optional[Tensor] = None) -> None:
         """After a prompt chunk ending at position cur [B, 1, 1] was attended: one pass. The
@@ -529,9 +535,7 @@ class RegionCache(KVCache):
         g = dst + self.n_fast
         for name in ("pos", *self.stats):
             stat = getattr(self, name)
-            new = (self.of_key(k) if name == self.key_stat and self.middle_int8
-                   else stat.gather(2, src))
-            put_slots(stat, g, torch.where(ok, new, stat.gather(2, g)))
+            put_slots(stat, g, torch.where(ok, self.entering(name, src, k), stat.gather(2, g)))
         put_slots(self.pos, src, torch.where(ok, -1, self.pos.gather(2, src)))
 
     def load_prompt(self, k: Tensor, v: Tensor, keep: Tensor, probs: Tensor) -> None:
