@@ -163,7 +163,8 @@ REDUCE_ROWS = 16
 # to SDPA with a mask, by device type: the slots cut into chunks of this many, each with its
 # own max, sum and weighted values, then combined. SDPA's kernels that take a mask split the
 # work only by row, head and block of queries; on an H100 the split decodes Llama-3-8B's shapes
-# at 74% of the bandwidth against SDPA's 67% (docs/PERFORMANCE.md, section 7d). The CPU's
+# at 74% of the bandwidth against SDPA's 67% at 1k, 69.5% against 47% at 4k
+# (docs/PERFORMANCE.md, sections 7d, 7e). The CPU's
 # compiled step reads through reductions instead (REDUCE_ROWS). Read when a step is traced.
 SPLIT_SLOTS = {"cuda": 256}
 # A CPU without oneDNN's bfloat16 kernels (AVX2 only: no AVX-512 BF16 or AVX-NE-CONVERT) runs a
