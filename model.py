@@ -181,6 +181,31 @@ def reduces(q: Tensor, int8: bool) -> bool:
         int8 or (q.device.type == "cpu" and q.shape[-2] <= REDUCE_ROWS))
 
 
+# An AVX2-only CPU: Inductor widens INT8 codes for float math 8 at a time, through a partial
+# vector load that goes by way of the stack (at::vec's Vectorized<int8_t>::loadu(ptr, 8)), so
+# an INT8 middle read slower than a float32 one there (docs/PERFORMANCE.md, section 6u). Its
+# reductions read the codes as int32 words instead, four codes a word, unpacked by shifts.
+INT8_WORDS = torch.backends.cpu.get_cpu_capability() == "AVX2"
+
+
+def int8_words(seg) -> bool:
+    """Whether a compiled reduction reads this INT8 stretch's codes as int32 words."""
+    return INT8_WORDS and seg.k_scale is not None and seg.k.device.type == "cpu" and \
+        seg.k.shape[-1] % 4 == 0
+
+
+def unpacked(codes: Tensor) -> Tensor:
+    """INT8 codes [..., D] -> float32 [..., 4, D/4], [..., i, j] = code 4j + i: a little-endian
+    int32 word j holds codes 4j..4j+3, and (word << 24 - 8i) >> 24 is code 4j + i, signed."""
+    shifts = 24 - 8 * torch.arange(4, dtype=torch.int32, device=codes.device).view(4, 1)
+    return ((codes.view(torch.int32).unsqueeze(-2) << shifts) >> 24).float()
+
+
+def as_words(x: Tensor) -> Tensor:
+    """[..., D] -> [..., 4, D/4] in unpacked's order."""
+    return x.unflatten(-1, (-1, 4)).transpose(-1, -2)
+
+
 class KVSegment(NamedTuple):
     """A stretch of cache slots attention reads: K/V [B, Hkv, S, D] in the model dtype, or int8
     with symmetric per-token, per-head scales k_scale/v_scale [B, Hkv, S, 1]."""
@@ -194,7 +219,11 @@ class KVSegment(NamedTuple):
         if reduces(q, self.k_scale is not None):
             # The keys are read once and widened in registers; a matmul would first write a
             # float32 copy of them (int8), or pay a call's setup for a few rows (float).
-            s = (q.float().unsqueeze(-2) * self.k.unsqueeze(-3).float()).sum(-1)
+            if int8_words(self):
+                s = (as_words(q.float()).unsqueeze(-3) * unpacked(self.k).unsqueeze(-4)
+                     ).sum((-1, -2))
+            else:
+                s = (q.float().unsqueeze(-2) * self.k.unsqueeze(-3).float()).sum(-1)
         else:
             s = q.float() @ self.k.float().transpose(-1, -2)
         return s if self.k_scale is None else s * self.k_scale.transpose(-1, -2)
@@ -203,6 +232,9 @@ class KVSegment(NamedTuple):
         """probs [B, Hkv, M, S] (float32) -> probs @ V [B, Hkv, M, D] in float32."""
         p = probs if self.v_scale is None else probs * self.v_scale.transpose(-1, -2)
         if reduces(p, self.v_scale is not None):  # as in scores
+            if int8_words(self):
+                y = (p[..., None, None] * unpacked(self.v).unsqueeze(-4)).sum(-3)
+                return y.transpose(-1, -2).flatten(-2)
             return (p.unsqueeze(-1) * self.v.unsqueeze(-3).float()).sum(-2)
         if self.v_scale is None and (self.v.device.type != "cpu" or CPU_BF16_MATMUL):
             return (probs.to(self.v.dtype) @ self.v).float()

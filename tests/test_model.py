@@ -257,6 +257,41 @@ def test_decoding_through_split_attention_keeps_the_tokens(monkeypatch, compiled
     torch._dynamo.reset()
 
 
+def test_int8_codes_unpack_from_int32_words_in_order():
+    # A little-endian word j holds codes 4j..4j+3; unpacked's [i, j] is code 4j + i, signed,
+    # and as_words puts a float row in that order: the two agree on every code.
+    codes = torch.arange(-128, 128, dtype=torch.int8)[torch.randperm(256)].view(2, 2, 64)
+    assert torch.equal(M.unpacked(codes), M.as_words(codes.float()))
+    assert M.unpacked(codes).shape == (2, 2, 4, 16)
+
+
+@pytest.mark.parametrize("words", [False, True])
+def test_compiled_reductions_attend_as_eager_does(monkeypatch, words):
+    # The compiled CPU step reads K/V through reductions: INT8 codes as bytes or, as an
+    # AVX2-only CPU reads them, as int32 words (INT8_WORDS), beside float stretches. Each
+    # equals eager attention, which widens the codes and multiplies matrices.
+    monkeypatch.setattr(M, "INT8_WORDS", words)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 1, 64, generator=g)
+
+    def segments(n, int8):
+        if not int8:
+            return M.KVSegment(*(torch.randn(1, 2, n, 64, generator=g) for _ in range(2)))
+        codes = [torch.randint(-127, 128, (1, 2, n, 64), generator=g, dtype=torch.int8)
+                 for _ in range(2)]
+        return M.KVSegment(*codes, *(torch.rand(1, 2, n, 1, generator=g) / 50 for _ in range(2)))
+    segs = [segments(300, False), segments(100, False), segments(300, True), segments(37, True)]
+    mask = torch.rand(1, 1, 1, 737, generator=g) > 0.2
+
+    def attend(q, segs, mask):
+        return M.attend(M.KVView(q, segs, mask), need_probs=True)
+    torch._dynamo.reset()
+    want, want_probs = attend(q, segs, mask)
+    got, got_probs = torch.compile(attend, fullgraph=True)(q, segs, mask)
+    assert (got - want).abs().max() < 1e-5 and (got_probs - want_probs).abs().max() < 1e-6
+    torch._dynamo.reset()
+
+
 def test_a_cpu_without_bfloat16_matmuls_reads_values_in_float32(monkeypatch):
     """On an AVX2-only CPU (no oneDNN bfloat16) a bfloat16 matmul takes ATen's fallback, 20-35x
     slower than float32 at attention's shapes: the explicit softmax reads V in float32 there,
