@@ -184,14 +184,17 @@ def reduces(q: Tensor, int8: bool) -> bool:
 # An AVX2-only CPU: Inductor widens INT8 codes for float math 8 at a time, through a partial
 # vector load that goes by way of the stack (at::vec's Vectorized<int8_t>::loadu(ptr, 8)), so
 # an INT8 middle read slower than a float32 one there (docs/PERFORMANCE.md, section 6u). Its
-# reductions read the codes as int32 words instead, four codes a word, unpacked by shifts.
+# reductions read the codes of a long stretch as int32 words instead, four codes a word,
+# unpacked by shifts: `quantized`'s middle of 2,000 and 4,137 slots 16% and 22% faster a step,
+# an INT8 middle of 129 slots (budget 256) 16% slower, so only from INT8_WORD_SLOTS slots on.
 INT8_WORDS = torch.backends.cpu.get_cpu_capability() == "AVX2"
+INT8_WORD_SLOTS = 1024
 
 
 def int8_words(seg) -> bool:
     """Whether a compiled reduction reads this INT8 stretch's codes as int32 words."""
     return INT8_WORDS and seg.k_scale is not None and seg.k.device.type == "cpu" and \
-        seg.k.shape[-1] % 4 == 0
+        seg.k.shape[-1] % 4 == 0 and seg.k.shape[-2] >= INT8_WORD_SLOTS
 
 
 def unpacked(codes: Tensor) -> Tensor:

@@ -4,7 +4,8 @@
     python scripts/interleaved_overhead.py 4096 streaming:8,weightedkv,weightedkv:8
     python scripts/interleaved_overhead.py 1024 h2o,weightedkv bfloat16
 
-A POLICY may carry `:K`, its compression interval (docs/DESIGN.md; default 1).
+A POLICY may carry `:K`, its compression interval (docs/DESIGN.md; default 1), and `+int8`, an
+INT8 middle (--kv_middle int8): `weightedkv+int8`, `weightedkv:8+int8`.
 
 `bench.py` measures one row after another, minutes apart, and this VM's bandwidth drifts
 between them by more than a policy's bookkeeping costs (docs/PERFORMANCE.md, section 6b). Here
@@ -38,9 +39,11 @@ def main(context: int, policies: list, dtype: str) -> None:
     prompt = list(range(100, 100 + context))  # token ids; their text does not matter for speed
     sessions = {}
     for spec in ["streaming", *policies]:
-        policy, _, k = spec.partition(":")
+        name, int8 = spec.removesuffix("+int8"), spec.endswith("+int8")
+        policy, _, k = name.partition(":")
         factory = make_cache_factory(policy, cache_size=256, prompt_compression="bulk",
-                                     compression_interval=int(k or 1))
+                                     compression_interval=int(k or 1),
+                                     kv_middle="int8" if int8 else "model")
         s = G.Session(model, factory, max_seq_length=context + 5 * 24 + 128, compile=True)
         s.warmup()  # compiles every variant of the step (a pass, LagKV's scoring)
         s.append(prompt)
@@ -67,7 +70,8 @@ if __name__ == "__main__":
     dtype = sys.argv[3] if len(sys.argv) == 4 else "float32"
     if dtype not in DTYPES:
         sys.exit(f"error: unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
-    unknown = [n for n in names if n.partition(":")[0] not in POLICIES or
+    specs = [n.removesuffix("+int8") for n in names]
+    unknown = [n for n in specs if n.partition(":")[0] not in POLICIES or
                not (n.partition(":")[2] or "1").isdigit()]
     if unknown:
         sys.exit(f"error: unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")

@@ -271,6 +271,7 @@ def test_compiled_reductions_attend_as_eager_does(monkeypatch, words):
     # AVX2-only CPU reads them, as int32 words (INT8_WORDS), beside float stretches. Each
     # equals eager attention, which widens the codes and multiplies matrices.
     monkeypatch.setattr(M, "INT8_WORDS", words)
+    monkeypatch.setattr(M, "INT8_WORD_SLOTS", 1)  # short stretches, read as words too
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 1, 64, generator=g)
 

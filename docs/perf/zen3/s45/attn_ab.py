@@ -7,7 +7,7 @@ graph: the engine's step (INT8 codes read as int32 words where model.INT8_WORDS)
 step traced without (codes widened byte by byte), as before 6u. While measuring, the engine
 also summed float values over chunks of 64 slots (then dropped: MIX_CHUNK in the rows of
 attn-ab.txt for `full`, where `graph` had the chunks and `bytes` not). A compressing POLICY has budget 256 and
-reads its prompt in bulk.
+reads its prompt in bulk; POLICY+int8 has an INT8 middle (--kv_middle int8).
 """
 import sys
 
@@ -26,8 +26,10 @@ torch.set_num_threads(2)
 policy, dtype, ctx = sys.argv[1], sys.argv[2], int(sys.argv[3])
 variants = sys.argv[4].split(",") if len(sys.argv) > 4 else ["bytes"]
 model = load_model(resolve_checkpoint(None), dtype=DTYPES[dtype])
-f = make_cache_factory("full") if policy == "full" else \
-    make_cache_factory(policy, cache_size=256, prompt_compression="bulk")
+name = policy.removesuffix("+int8")
+f = make_cache_factory("full") if name == "full" else \
+    make_cache_factory(name, cache_size=256, prompt_compression="bulk",
+                       kv_middle="int8" if policy.endswith("+int8") else "model")
 s = G.Session(model, f, compile=True, max_seq_length=ctx + 1200)
 s.append(list(range(100, 100 + ctx)))
 graph = model.step_graph
