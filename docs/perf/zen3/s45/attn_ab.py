@@ -3,11 +3,11 @@ before, interleaved on one session (scripts/decode_ab.py's rounds: 6 of 24 steps
 
     PYTHONPATH=. python docs/perf/zen3/s45/attn_ab.py POLICY DTYPE CONTEXT bytes
 
-graph: the engine's step (INT8 codes read as int32 words where model.INT8_WORDS); bytes: the
-step traced without (codes widened byte by byte), as before 6u. While measuring, the engine
-also summed float values over chunks of 64 slots (then dropped: MIX_CHUNK in the rows of
-attn-ab.txt for `full`, where `graph` had the chunks and `bytes` not). A compressing POLICY has budget 256 and
-reads its prompt in bulk; POLICY+int8 has an INT8 middle (--kv_middle int8).
+graph: the engine's step (INT8 codes read as int32 words where model.int8_words says); bytes:
+the step traced without them (codes widened byte by byte), as before 6u. In attn-ab.txt's
+`full` rows the engine also summed float values over chunks of 64 slots (`graph`) against one
+sum (`bytes`): a variant measured, then dropped. A compressing POLICY has budget 256 and reads
+its prompt in bulk; POLICY+int8 has an INT8 middle (--kv_middle int8).
 """
 import sys
 

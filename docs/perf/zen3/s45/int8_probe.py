@@ -1,35 +1,37 @@
 """Probe (PERFORMANCE 6u): compiled reductions over INT8 codes, 30 independent layers.
 
-    python docs/perf/zen3/s45/int8_probe.py SLOTS VARIANTS   # e.g. 4137 sc_base,sc_wide,sc_unpack
+    PYTHONPATH=. python docs/perf/zen3/s45/int8_probe.py SLOTS VARIANTS   # e.g. 4137 sc_base,sc_unpack
 
 sc_*: scores q.k (bytes widened in the loop; a float32 copy and a matmul; int32 words unpacked
-by shifts); mx_*: the values' sum (bytes; words; words over chunks of 64 slots). Prints us a
+by shifts, model.unpacked); mx_*: the values' sum (bytes; words; words over chunks of 64 slots). Prints us a
 layer. Inductor fuses the 30 layers' reductions into one loop (16 accumulators), which no
 decode step has: the mx_* figures are not the step's. Not part of the engine.
 """
-import sys, time, math, statistics, torch
+import statistics
+import sys
+import time
+
+import torch
+
+from model import as_words, unpacked
+
 torch.set_num_threads(2)
 S = int(sys.argv[1]); L, Hkv, G, D = 30, 3, 3, 64
 g = torch.Generator().manual_seed(0)
 qs = [torch.randn(1, Hkv, G, D, generator=g) for _ in range(L)]
 ks = [torch.randint(-127, 128, (1, Hkv, S, D), generator=g, dtype=torch.int8) for _ in range(L)]
 ps = [torch.rand(1, Hkv, G, S, generator=g) for _ in range(L)]
-SH = torch.tensor([24, 16, 8, 0], dtype=torch.int32).view(4, 1)
-def unpack(k):  # int8 [.., S, 64] -> int32 [.., S, 4, 16]: [i, j] = element 4j + i
-    w = k.view(torch.int32)
-    return (w.unsqueeze(-2) << SH) >> 24
 def sc_base(q, k): return (q.unsqueeze(-2) * k.unsqueeze(-3).float()).sum(-1)
 def sc_wide(q, k): return q @ k.float().transpose(-1, -2)
 def sc_unpack(q, k):
-    qt = q.reshape(*q.shape[:-1], 16, 4).transpose(-1, -2)  # [.., M, 4, 16]
-    return (qt.unsqueeze(-3) * unpack(k).unsqueeze(-4).float()).sum((-1, -2))
+    return (as_words(q).unsqueeze(-3) * unpacked(k).unsqueeze(-4)).sum((-1, -2))
 def mx_base(p, v): return (p.unsqueeze(-1) * v.unsqueeze(-3).float()).sum(-2)
 def mx_unpack(p, v):
-    y = (p[..., None, None] * unpack(v).unsqueeze(-4).float()).sum(-3)  # [.., M, 4, 16]
+    y = (p[..., None, None] * unpacked(v).unsqueeze(-4)).sum(-3)  # [.., M, 4, 16]
     return y.transpose(-1, -2).reshape(*y.shape[:-2], 64)
 def mx_unpack_c(p, v, n=64):
     B, H, M, S = p.shape; C = S // n; w = C * n
-    u = unpack(v).float()  # [B, H, S, 4, 16]
+    u = unpacked(v)  # [B, H, S, 4, 16]
     y = 0
     if C:
         pc = p[..., :w].reshape(B, H, M, C, n).transpose(2, 3)  # [B, H, C, M, n]
