@@ -44,8 +44,10 @@ if [ "$part" = policies ] || [ "$part" = all ]; then
   prompts=(--prompt_compression bulk); [ "${PROMPTS:-bulk}" = compiled ] && prompts=(--compile_prefill)
   for ctx in ${CONTEXTS:-1024 4096}; do
     for p in ${BASELINE-full,streaming} $policies; do
+      # bench.py refuses prompt options for `full` alone (POLICIES=full)
+      opts=("${prompts[@]}"); [ "$p" = full ] && opts=()
       run "cuda-policy-${p//,/-}-$ctx" "${model[@]}" --contexts $ctx --cache $p --cache_size 256 \
-        --new_tokens 64 --repeats 2 --compile on "${prompts[@]}"
+        --new_tokens 64 --repeats 2 --compile on "${opts[@]}"
     done
   done
 fi
