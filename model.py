@@ -18,6 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from quantize.kv import codes
+
 
 def _positive(**kw):
     return field(metadata={"min": 1}, **kw)
@@ -181,37 +183,10 @@ def reduces(q: Tensor, int8: bool) -> bool:
         int8 or (q.device.type == "cpu" and q.shape[-2] <= REDUCE_ROWS))
 
 
-# An AVX2-only CPU: Inductor widens INT8 codes for float math 8 at a time, through a partial
-# vector load that goes by way of the stack (at::vec's Vectorized<int8_t>::loadu(ptr, 8)), so
-# an INT8 middle read slower than a float32 one there (docs/PERFORMANCE.md, section 6u). Its
-# reductions read the codes of a long stretch as int32 words instead, four codes a word,
-# unpacked by shifts: `quantized`'s middle of 2,000 and 4,137 slots 16% and 22% faster a step,
-# an INT8 middle of 129 slots (budget 256) 16% slower, so only from INT8_WORD_SLOTS slots on.
-INT8_WORDS = torch.backends.cpu.get_cpu_capability() == "AVX2"
-INT8_WORD_SLOTS = 1024
-
-
-def int8_words(seg) -> bool:
-    """Whether a compiled reduction reads this INT8 stretch's codes as int32 words."""
-    return INT8_WORDS and seg.k_scale is not None and seg.k.device.type == "cpu" and \
-        seg.k.shape[-1] % 4 == 0 and seg.k.shape[-2] >= INT8_WORD_SLOTS
-
-
-def unpacked(codes: Tensor) -> Tensor:
-    """INT8 codes [..., D] -> float32 [..., 4, D/4], [..., i, j] = code 4j + i: a little-endian
-    int32 word j holds codes 4j..4j+3, and (word << 24 - 8i) >> 24 is code 4j + i, signed."""
-    shifts = 24 - 8 * torch.arange(4, dtype=torch.int32, device=codes.device).view(4, 1)
-    return ((codes.view(torch.int32).unsqueeze(-2) << shifts) >> 24).float()
-
-
-def as_words(x: Tensor) -> Tensor:
-    """[..., D] -> [..., 4, D/4] in unpacked's order."""
-    return x.unflatten(-1, (-1, 4)).transpose(-1, -2)
-
-
 class KVSegment(NamedTuple):
-    """A stretch of cache slots attention reads: K/V [B, Hkv, S, D] in the model dtype, or int8
-    with symmetric per-token, per-head scales k_scale/v_scale [B, Hkv, S, 1]."""
+    """A stretch of cache slots attention reads: K/V [B, Hkv, S, D] in the model dtype, or INT8
+    codes four to an int32 word, [B, Hkv, S, D/4] (quantize/kv.py), with symmetric per-token,
+    per-head scales k_scale/v_scale [B, Hkv, S, 1] (a scale marks its K or V as INT8)."""
     k: Tensor
     v: Tensor
     k_scale: Optional[Tensor] = None
@@ -219,29 +194,31 @@ class KVSegment(NamedTuple):
 
     def scores(self, q: Tensor) -> Tensor:
         """q [B, Hkv, M, D] -> unscaled q.k [B, Hkv, M, S] in float32."""
-        if reduces(q, self.k_scale is not None):
-            # The keys are read once and widened in registers; a matmul would first write a
-            # float32 copy of them (int8), or pay a call's setup for a few rows (float).
-            if int8_words(self):
-                s = (as_words(q.float()).unsqueeze(-3) * unpacked(self.k).unsqueeze(-4)
-                     ).sum((-1, -2))
+        if self.k_scale is not None:  # INT8 words: the codes as [4, D/4], and so the query
+            qw, kw = q.float().unflatten(-1, (4, -1)), codes(self.k)  # [.., M|S, 4, D/4]
+            if reduces(q, True):
+                s = (qw.unsqueeze(-3) * kw.unsqueeze(-4)).sum((-1, -2))
             else:
-                s = (q.float().unsqueeze(-2) * self.k.unsqueeze(-3).float()).sum(-1)
-        else:
-            s = q.float() @ self.k.float().transpose(-1, -2)
-        return s if self.k_scale is None else s * self.k_scale.transpose(-1, -2)
+                s = qw.flatten(-2) @ kw.flatten(-2).transpose(-1, -2)
+            return s * self.k_scale.transpose(-1, -2)
+        if reduces(q, False):
+            # The keys are read once and widened in registers; a matmul would pay a call's
+            # setup for a few rows.
+            return (q.float().unsqueeze(-2) * self.k.unsqueeze(-3).float()).sum(-1)
+        return q.float() @ self.k.float().transpose(-1, -2)
 
     def mix(self, probs: Tensor) -> Tensor:
         """probs [B, Hkv, M, S] (float32) -> probs @ V [B, Hkv, M, D] in float32."""
-        p = probs if self.v_scale is None else probs * self.v_scale.transpose(-1, -2)
-        if reduces(p, self.v_scale is not None):  # as in scores
-            if int8_words(self):
-                y = (p[..., None, None] * unpacked(self.v).unsqueeze(-4)).sum(-3)
-                return y.transpose(-1, -2).flatten(-2)
-            return (p.unsqueeze(-1) * self.v.unsqueeze(-3).float()).sum(-2)
-        if self.v_scale is None and (self.v.device.type != "cpu" or CPU_BF16_MATMUL):
+        if self.v_scale is not None:  # p.(s v) = (p s).v, over the codes as [4, D/4]
+            p, vw = probs * self.v_scale.transpose(-1, -2), codes(self.v)  # vw [.., S, 4, D/4]
+            if reduces(p, True):
+                return (p[..., None, None] * vw.unsqueeze(-4)).sum(-3).flatten(-2)
+            return p @ vw.flatten(-2)
+        if reduces(probs, False):  # as in scores
+            return (probs.unsqueeze(-1) * self.v.unsqueeze(-3).float()).sum(-2)
+        if self.v.device.type != "cpu" or CPU_BF16_MATMUL:
             return (probs.to(self.v.dtype) @ self.v).float()
-        return p @ self.v.float()
+        return probs @ self.v.float()
 
 
 class KVView(NamedTuple):

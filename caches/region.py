@@ -6,7 +6,8 @@ everything retained, then the cache compresses back to the budget).
 
 Physical layout (slot order is irrelevant to attention; every decision reads `pos`):
     fast slots [0, sink + window + chunk)   model dtype: sink slots, then a ring for the window
-    middle slots [0, middle + 1)            model dtype or int8 (+ per-token, per-head scales)
+    middle slots [0, middle + 1)            model dtype or INT8 (+ per-token, per-head scales),
+                                            codes four to an int32 word (quantize/kv.py)
 Index maps and statistics cover the concatenation fast ++ middle ("global" slots, C in all):
     pos [B, Hkv, C]    int32 absolute position of each slot's token, -1 = empty
     <stat> [B, Hkv, C] float32 per-slot statistics named by the policy (`stats`)
@@ -63,7 +64,7 @@ from caches.base import KVCache, KVView, put_slots
 from caches.full import scatter_tokens
 from core.errors import UserError
 from model import KVSegment, apply_rope
-from quantize.kv import dequantize_int8, quantize_int8
+from quantize.kv import WORD, dequantize_words, quantize_words
 
 FAR = 2**31 - 1  # a position later than any real one (positions are int32)
 
@@ -108,15 +109,18 @@ class RegionCache(KVCache):
                             f"({rope.shape[0]} positions) must cover the cache's "
                             f"{sink + window + middle + chunk} slots; raise `max_seq_length`")
         self.middle_int8 = middle_int8
+        if middle_int8 and D % 4:
+            raise UserError(f"an INT8 middle packs four codes to a word: the head dim {D} is not "
+                            f"a multiple of 4; use kv_middle 'model'")
         buf = self.register_buffer
         # k/v: the fast slots, followed by the middle when it is in the model dtype (one
-        # stretch for attention); an int8 middle has buffers of its own.
+        # stretch for attention); an INT8 middle has buffers of its own.
         n_kv = self.n_fast if middle_int8 else self.capacity
         buf("k", torch.zeros(B, H, n_kv, D, dtype=dtype), persistent=False)
         buf("v", torch.zeros(B, H, n_kv, D, dtype=dtype), persistent=False)
         if middle_int8:
-            buf("k_int8", torch.zeros(B, H, self.n_mid, D, dtype=torch.int8), persistent=False)
-            buf("v_int8", torch.zeros(B, H, self.n_mid, D, dtype=torch.int8), persistent=False)
+            buf("k_words", torch.zeros(B, H, self.n_mid, D // 4, dtype=WORD), persistent=False)
+            buf("v_words", torch.zeros(B, H, self.n_mid, D // 4, dtype=WORD), persistent=False)
             buf("k_scale", torch.zeros(B, H, self.n_mid, 1), persistent=False)
             buf("v_scale", torch.zeros(B, H, self.n_mid, 1), persistent=False)
         buf("pos", torch.full((B, H, self.capacity), -1, dtype=torch.int32), persistent=False)
@@ -140,16 +144,17 @@ class RegionCache(KVCache):
 
     @property
     def k_mid(self) -> Tensor:
-        return self.k_int8 if self.middle_int8 else self.k[:, :, self.n_fast:]
+        return self.k_words if self.middle_int8 else self.k[:, :, self.n_fast:]
 
     @property
     def v_mid(self) -> Tensor:
-        return self.v_int8 if self.middle_int8 else self.v[:, :, self.n_fast:]
+        return self.v_words if self.middle_int8 else self.v[:, :, self.n_fast:]
 
     def put_mid(self, kv: str, index: Tensor, src) -> None:
-        """put_slots into the middle of K or V (kv: "k" or "v"), index in middle slots."""
+        """put_slots into the middle of K or V (kv: "k" or "v"), index in middle slots (an INT8
+        middle's words: index and src of D/4 columns)."""
         if self.middle_int8:
-            put_slots(getattr(self, kv + "_int8"), index, src)
+            put_slots(getattr(self, kv + "_words"), index, src)
         else:
             put_slots(getattr(self, kv), index + self.n_fast, src)
 
@@ -173,13 +178,13 @@ class RegionCache(KVCache):
         positions, or un-rotated under rank positions); empty slots hold stale values."""
         if not self.middle_int8:
             return self.k.float()
-        return torch.cat([self.k_fast.float(), dequantize_int8(self.k_mid, self.k_scale)], dim=2)
+        return torch.cat([self.k_fast.float(), dequantize_words(self.k_mid, self.k_scale)], dim=2)
 
     def all_values(self) -> Tensor:
         """Values of every global slot [B, H, C, D] in float32."""
         if not self.middle_int8:
             return self.v.float()
-        return torch.cat([self.v_fast.float(), dequantize_int8(self.v_mid, self.v_scale)], dim=2)
+        return torch.cat([self.v_fast.float(), dequantize_words(self.v_mid, self.v_scale)], dim=2)
 
     def read_v(self, g: Tensor) -> Tensor:
         """Values at global slots g [B, H] (or [B, H, K]) -> [B, H, D] ([B, H, K, D]) float32,
@@ -187,29 +192,29 @@ class RegionCache(KVCache):
         return self._read_v(g.unsqueeze(-1)).squeeze(2) if g.dim() == 2 else self._read_v(g)
 
     def _read_v(self, g: Tensor) -> Tensor:
-        D = self.v_fast.shape[-1]
+        D, Dm = self.v_fast.shape[-1], self.v_mid.shape[-1]  # Dm: D, or D/4 words
         f = g.clamp(max=self.n_fast - 1).unsqueeze(-1).expand(*g.shape, D)
-        m = (g - self.n_fast).clamp(min=0).unsqueeze(-1).expand(*g.shape, D)
+        m = (g - self.n_fast).clamp(min=0).unsqueeze(-1).expand(*g.shape, Dm)
         fast = self.v_fast.gather(2, f).float()
         mid = self.v_mid.gather(2, m)
-        mid = dequantize_int8(mid, self.v_scale.gather(2, m[..., :1])) if self.middle_int8 \
+        mid = dequantize_words(mid, self.v_scale.gather(2, m[..., :1])) if self.middle_int8 \
             else mid.float()
         return torch.where((g < self.n_fast).unsqueeze(-1), fast, mid)
 
     def write_v(self, g: Tensor, value: Tensor, do: Tensor) -> None:
         """Write value [B, H, D] at global slots g [B, H] where do [B, H]."""
-        D = self.v_fast.shape[-1]
+        D, Dm = self.v_fast.shape[-1], self.v_mid.shape[-1]
         is_fast = (g < self.n_fast).unsqueeze(-1).unsqueeze(-1)
         do = do.unsqueeze(-1).unsqueeze(-1)
         value = value.unsqueeze(2)
         f = g.clamp(max=self.n_fast - 1).unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, D)
         old = self.v_fast.gather(2, f)
         put_slots(self.v, f, torch.where(do & is_fast, value.to(old.dtype), old))  # fast: from 0
-        m = (g - self.n_fast).clamp(min=0).unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, D)
+        m = (g - self.n_fast).clamp(min=0).unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, Dm)
         old = self.v_mid.gather(2, m)
         keep = do & ~is_fast
         if self.middle_int8:
-            q, s = quantize_int8(value)
+            q, s = quantize_words(value)
             self.put_mid("v", m, torch.where(keep, q, old))
             old_s = self.v_scale.gather(2, m[..., :1])
             put_slots(self.v_scale, m[..., :1], torch.where(keep, s, old_s))
@@ -227,8 +232,8 @@ class RegionCache(KVCache):
         fast = value[:, :, :self.n_fast]
         self.v.copy_(torch.where(do[:, :, :self.n_fast], fast.to(self.v.dtype), self.v))
         mid, do_mid = value[:, :, self.n_fast:], do[:, :, self.n_fast:]
-        q, s = quantize_int8(mid)
-        self.v_int8.copy_(torch.where(do_mid, q, self.v_int8))
+        q, s = quantize_words(mid)
+        self.v_words.copy_(torch.where(do_mid, q, self.v_words))
         self.v_scale.copy_(torch.where(do_mid, s, self.v_scale))
 
     # ---- the contract ------------------------------------------------------------------------
@@ -292,7 +297,7 @@ class RegionCache(KVCache):
             if not self.middle_int8:
                 return KVView(q, [KVSegment(apply_rope(self.k, self.rope[rank]), self.v)], mask)
             k_fast = apply_rope(self.k_fast, self.rope[rank[..., :self.n_fast]])
-            k_mid = dequantize_int8(self.k_mid, self.k_scale)
+            k_mid = dequantize_words(self.k_mid, self.k_scale)
             k_mid = apply_rope(k_mid, self.rope[rank[..., self.n_fast:]]).to(k_fast.dtype)
             return KVView(q, [KVSegment(k_fast, self.v_fast),
                               KVSegment(k_mid, self.v_mid, None, self.v_scale)], mask)
@@ -418,6 +423,12 @@ class RegionCache(KVCache):
         return (type(self), tuple(settings), tuple(shapes), self.rope.data_ptr(),
                 id(self.shard), self.compiled_compress)
 
+    def state(self) -> dict:
+        """The buffers that hold the stream; an INT8 middle's words as int32 (views of their
+        bits: compared and saved as the integers they are, not as float32 numbers)."""
+        return {name: b.view(torch.int32) if name.endswith("_words") else b
+                for name, b in super().state().items()}
+
     def reset(self) -> None:
         self.due = True
         for name, b in self.named_buffers():
@@ -445,16 +456,16 @@ class RegionCache(KVCache):
         moving[b]."""
         B, H, _, D = self.k_fast.shape
         src = ring.view(B, 1, 1, 1).expand(B, H, 1, D)
-        idx = spare.view(B, H, 1, 1).expand(B, H, 1, D)
+        idx = spare.view(B, H, 1, 1).expand(B, H, 1, self.k_mid.shape[-1])
         k, v = self.k_fast.gather(2, src), self.v_fast.gather(2, src)
         # The spare slot is empty: writing it unconditionally is harmless when nothing moves.
         if self.middle_int8:
-            (kq, ks), (vq, vs) = quantize_int8(k), quantize_int8(v)
+            (kq, ks), (vq, vs) = quantize_words(k), quantize_words(v)
             self.put_mid("k", idx, kq)
             self.put_mid("v", idx, vq)
             put_slots(self.k_scale, idx[..., :1], ks)
             put_slots(self.v_scale, idx[..., :1], vs)
-            k = dequantize_int8(kq, ks)  # the key as the middle holds it
+            k = dequantize_words(kq, ks)  # the key as the middle holds it
         else:
             self.put_mid("k", idx, k)
             self.put_mid("v", idx, v)
@@ -522,13 +533,15 @@ class RegionCache(KVCache):
         src = first_true(moving, K)  # [B, H, K] moving first
         ok = moving.gather(-1, src)
         dst = first_true(self.pos[..., self.n_fast:] < 0, K)  # free middle slots first
-        s4, d4, ok4 = (x.unsqueeze(-1).expand(B, H, K, D) for x in (src, dst, ok))
+        Dm = self.k_mid.shape[-1]  # D, or D/4 words
+        s4 = src.unsqueeze(-1).expand(B, H, K, D)
+        d4, ok4 = (x.unsqueeze(-1).expand(B, H, K, Dm) for x in (dst, ok))
         k, v = self.k_fast.gather(2, s4), self.v_fast.gather(2, s4)
         for kv, x in (("k", k), ("v", v)):
             if self.middle_int8:
-                x, s = quantize_int8(x)
+                x, s = quantize_words(x)
                 if kv == "k":  # the keys as the middle holds them
-                    k = dequantize_int8(x, s)
+                    k = dequantize_words(x, s)
                 scale, d1, ok1 = getattr(self, kv + "_scale"), d4[..., :1], ok4[..., :1]
                 put_slots(scale, d1, torch.where(ok1, s, scale.gather(2, d1)))
             self.put_mid(kv, d4, torch.where(ok4, x, getattr(self, kv + "_mid").gather(2, d4)))
@@ -560,7 +573,7 @@ class RegionCache(KVCache):
         idx = src.unsqueeze(-1).expand(B, H, n, D)
         km, vm = k.gather(2, idx), v.gather(2, idx)
         if self.middle_int8:
-            (kq, ks), (vq, vs) = quantize_int8(km), quantize_int8(vm)
+            (kq, ks), (vq, vs) = quantize_words(km), quantize_words(vm)
             self.k_mid[:, :, :n], self.k_scale[:, :, :n] = kq, ks
             self.v_mid[:, :, :n], self.v_scale[:, :, :n] = vq, vs
         else:

@@ -1,7 +1,18 @@
-"""Symmetric per-token, per-head INT8 for KV-cache entries.
+"""Symmetric per-token, per-head INT8 for KV-cache entries, stored four codes to a word.
 
 scale = max|x| / 127 + eps over the head dimension; q = clamp(round(x / scale), -127, 127).
-Attention consumes (q, scale) directly (model.KVSegment); only merges dequantize explicitly.
+A token's D codes are held as D/4 32-bit words, a quarter of the row in each byte: byte i of
+word j is code i * D/4 + j. Unpacked by shifts (`codes`), the words give the row reshaped to
+[4, D/4]: attention reads the codes in the query's order and writes its output in the head's,
+with nothing permuted in between (a permuted read inside the output projection's loop made
+that loop scalar).
+
+Why words, and why in float32 tensors (as bit patterns, never as numbers): the compiled CPU
+step's loops read a vector of int8 codes, or of int32, by way of a buffer on the stack on an
+AVX2 CPU (at::vec's partial loads), and only a vector of floats whole; a same-width dtype view
+to int32 costs nothing inside the loop, and shifts unpack it (docs/PERFORMANCE.md, sections 6u
+and 6v). Copies, gathers, scatters and `torch.where` move the bits unchanged. Attention
+consumes (words, scale) directly (model.KVSegment); only merges dequantize explicitly.
 """
 from __future__ import annotations
 
@@ -9,6 +20,7 @@ import torch
 from torch import Tensor
 
 EPS = 1e-8
+WORD = torch.float32  # the dtype of a tensor of words (bit patterns)
 
 
 def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -20,3 +32,31 @@ def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
 
 def dequantize_int8(q: Tensor, scale: Tensor) -> Tensor:
     return q.float() * scale
+
+
+def pack(q: Tensor) -> Tensor:
+    """int8 codes [..., D] -> words [..., D/4] (WORD), code i * D/4 + j in byte i of word j. In
+    int32 arithmetic, which Inductor fuses (a view of int8 as a wider dtype would cut its
+    loops); the top byte is the signed code times 2**24, which cannot overflow."""
+    b = q.to(torch.int32).unflatten(-1, (4, -1))
+    words = (b[..., 0, :] & 255) | (b[..., 1, :] & 255) << 8 | (b[..., 2, :] & 255) << 16 | \
+        b[..., 3, :] * 2**24
+    return words.view(WORD)
+
+
+def codes(words: Tensor) -> Tensor:
+    """words [..., D/4] -> the codes as float32 [..., 4, D/4], the row reshaped: (word << 24 -
+    8i) >> 24 is byte i, signed."""
+    shifts = 24 - 8 * torch.arange(4, dtype=torch.int32, device=words.device).view(4, 1)
+    return ((words.view(torch.int32).unsqueeze(-2) << shifts) >> 24).float()
+
+
+def quantize_words(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x [..., D] -> (words [..., D/4], float32 scale [..., 1])."""
+    q, scale = quantize_int8(x)
+    return pack(q), scale
+
+
+def dequantize_words(words: Tensor, scale: Tensor) -> Tensor:
+    """words [..., D/4] and scale [..., 1] -> float32 [..., D]."""
+    return codes(words).flatten(-2) * scale

@@ -20,7 +20,7 @@ from conftest import tiny_model
 from core.errors import UserError
 from engine.generation import Generator, Session, compile_decode, decode_one_token
 from model import KVView, rope_table
-from quantize.kv import dequantize_int8, quantize_int8
+from quantize.kv import dequantize_int8, dequantize_words, quantize_int8
 
 COMPRESSING = [p for p in POLICIES if p != "full"]
 BUDGET = 16
@@ -328,7 +328,9 @@ def value_at(cache, position):
     if slot < cache.n_fast:
         return cache.v_fast[0, 0, slot]
     v = cache.v_mid[0, 0, slot - cache.n_fast]
-    return v.float() if not cache.middle_int8 else v.float() * cache.v_scale[0, 0, slot - cache.n_fast]
+    if not cache.middle_int8:
+        return v.float()
+    return dequantize_words(v, cache.v_scale[0, 0, slot - cache.n_fast])
 
 
 def test_weightedkv_paper_toy_example():

@@ -257,39 +257,72 @@ def test_decoding_through_split_attention_keeps_the_tokens(monkeypatch, compiled
     torch._dynamo.reset()
 
 
-def test_int8_codes_unpack_from_int32_words_in_order():
-    # A little-endian word j holds codes 4j..4j+3; unpacked's [i, j] is code 4j + i, signed,
-    # and as_words puts a float row in that order: the two agree on every code.
-    codes = torch.arange(-128, 128, dtype=torch.int8)[torch.randperm(256)].view(2, 2, 64)
-    assert torch.equal(M.unpacked(codes), M.as_words(codes.float()))
-    assert M.unpacked(codes).shape == (2, 2, 4, 16)
+def test_int8_codes_pack_a_quarter_of_the_row_into_each_byte_of_a_word():
+    # Byte i of word j holds code i * D/4 + j (the bytes of a little-endian word: the view
+    # below), and codes unpacks the words into the row reshaped to [4, D/4], every code from
+    # -128 to 127 signed. The words are bit patterns in float32 tensors, many of them NaNs:
+    # compiled (as the step packs, selects and unpacks them), every bit the same.
+    from quantize.kv import WORD, codes, pack
+    c = torch.arange(-128, 128, dtype=torch.int8)[torch.randperm(256)].view(4, 64)
+    # and a row of signalling NaNs, 0x7f800001: bytes 3, 2, 1, 0 = 127, -128, 0, 1
+    nans = torch.tensor([1, 0, -128, 127], dtype=torch.int8).repeat_interleave(16)
+    c = torch.cat([c, nans[None]])
+    words = pack(c)
+    bytes_ = c.view(5, 4, 16).transpose(-1, -2).contiguous().view(torch.int32).squeeze(-1)
+    assert words.dtype == WORD and torch.equal(words.view(torch.int32), bytes_)
+    assert words[4].isnan().all() and words[4].view(torch.int32)[0] == 0x7f800001
+    assert torch.equal(codes(words), c.float().view(5, 4, 16))
+    torch._dynamo.reset()
+    keep = torch.rand(5, 16) > 0.5
+    step = torch.compile(lambda c, old: (torch.where(keep, pack(c), old), codes(pack(c))),
+                         fullgraph=True)
+    got_words, got_codes = step(c, words.flip(-1))
+    assert torch.equal(got_words.view(torch.int32),
+                       torch.where(keep, words, words.flip(-1)).view(torch.int32))
+    assert torch.equal(got_codes, codes(words))
+    torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("words", [False, True])
-def test_compiled_reductions_attend_as_eager_does(monkeypatch, words):
-    # The compiled CPU step reads K/V through reductions: INT8 codes as bytes or, as an
-    # AVX2-only CPU reads them, as int32 words (INT8_WORDS), beside float stretches. Each
-    # equals eager attention, which widens the codes and multiplies matrices.
-    monkeypatch.setattr(M, "INT8_WORDS", words)
-    monkeypatch.setattr(M, "INT8_WORD_SLOTS", 1)  # short stretches, read as words too
+@pytest.mark.parametrize("compiled", [False, True])
+def test_int8_stretches_attend_as_their_dequantized_values_do(compiled):
+    # Attention over INT8 stretches (codes four to a word, per-token scales) beside float
+    # ones, keys or values alone INT8 too (rank positions keep float keys), equals plain
+    # softmax attention over the dequantized values. Compiled, the CPU step reads every
+    # stretch through reductions; eager, through matrix products.
+    from quantize.kv import pack
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 1, 64, generator=g)
 
-    def segments(n, int8):
-        if not int8:
-            return M.KVSegment(*(torch.randn(1, 2, n, 64, generator=g) for _ in range(2)))
-        codes = [torch.randint(-127, 128, (1, 2, n, 64), generator=g, dtype=torch.int8)
-                 for _ in range(2)]
-        return M.KVSegment(*codes, *(torch.rand(1, 2, n, 1, generator=g) / 50 for _ in range(2)))
-    segs = [segments(300, False), segments(100, False), segments(300, True), segments(37, True)]
-    mask = torch.rand(1, 1, 1, 737, generator=g) > 0.2
+    def stretch(n, k_int8, v_int8):  # -> the segment and its K, V in float32
+        seg, plain = [], []
+        for int8 in (k_int8, v_int8):
+            if int8:
+                c = torch.randint(-127, 128, (1, 2, n, 64), generator=g, dtype=torch.int8)
+                scale = torch.rand(1, 2, n, 1, generator=g) / 50
+                seg.append((pack(c), scale))
+                plain.append(c.float() * scale)
+            else:
+                x = torch.randn(1, 2, n, 64, generator=g)
+                seg.append((x, None))
+                plain.append(x)
+        (k, ks), (v, vs) = seg
+        return M.KVSegment(k, v, ks, vs), plain
+    made = [stretch(300, False, False), stretch(100, False, False), stretch(300, True, True),
+            stretch(37, True, True), stretch(50, False, True)]
+    segs = [m[0] for m in made]
+    k = torch.cat([m[1][0] for m in made], dim=2).repeat_interleave(2, dim=1)
+    v = torch.cat([m[1][1] for m in made], dim=2).repeat_interleave(2, dim=1)
+    mask = torch.rand(1, 1, 1, 787, generator=g) > 0.2
+    scores = (q @ k.transpose(-1, -2) / 8).masked_fill(~mask, float("-inf"))
+    want_probs = torch.softmax(scores, dim=-1)
+    want = want_probs @ v
 
     def attend(q, segs, mask):
         return M.attend(M.KVView(q, segs, mask), need_probs=True)
     torch._dynamo.reset()
-    want, want_probs = attend(q, segs, mask)
-    got, got_probs = torch.compile(attend, fullgraph=True)(q, segs, mask)
-    assert (got - want).abs().max() < 1e-5 and (got_probs - want_probs).abs().max() < 1e-6
+    got, got_probs = (torch.compile(attend, fullgraph=True) if compiled else attend)(q, segs, mask)
+    assert (got - want).abs().max() < 1e-5
+    assert (got_probs.view(1, 4, 1, -1) - want_probs).abs().max() < 1e-6
     torch._dynamo.reset()
 
 

@@ -75,8 +75,9 @@ def test_quantized_reads_a_prompt_in_one_shot_then_stores_it_in_int8():
 def int8_by_position(cache) -> dict:
     """Per (row, head, position) of the int8 middle: its codes and scales (slots may differ)."""
     mid = cache.pos[..., cache.n_fast:]
-    return {(b, h, p): tuple(getattr(cache, name)[b, h, s].flatten().tolist()
-                             for name in ("k_int8", "v_int8", "k_scale", "v_scale"))
+    state = cache.state()  # the codes' words as int32
+    return {(b, h, p): tuple(state[name][b, h, s].flatten().tolist()
+                             for name in ("k_words", "v_words", "k_scale", "v_scale"))
             for b in range(mid.shape[0]) for h in range(mid.shape[1])
             for s, p in enumerate(mid[b, h].tolist()) if p >= 0}
 
