@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from quantize.dense import stored
 from quantize.kv import codes
 
 
@@ -195,7 +196,13 @@ class KVSegment(NamedTuple):
     def scores(self, q: Tensor) -> Tensor:
         """q [B, Hkv, M, D] -> unscaled q.k [B, Hkv, M, S] in float32."""
         if self.k_scale is not None:  # INT8 words: the codes as [4, D/4], and so the query
-            qw, kw = q.float().unflatten(-1, (4, -1)), codes(self.k)  # [.., M|S, 4, D/4]
+            qf = q.float()
+            if q.dtype != torch.float32 and reduces(q, False):
+                # From a bfloat16 query Inductor vectorizes the keys' loop 16 lanes wide, and
+                # views the words as int32 there one lane at a time, through the stack; a stored
+                # float32 query keeps the loop 8 float lanes wide (PERFORMANCE 6v).
+                qf = stored(qf)
+            qw, kw = qf.unflatten(-1, (4, -1)), codes(self.k)  # [.., M|S, 4, D/4]
             if reduces(q, True):
                 s = (qw.unsqueeze(-3) * kw.unsqueeze(-4)).sum((-1, -2))
             else:

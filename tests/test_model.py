@@ -283,15 +283,17 @@ def test_int8_codes_pack_a_quarter_of_the_row_into_each_byte_of_a_word():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_int8_stretches_attend_as_their_dequantized_values_do(compiled):
+@pytest.mark.parametrize("compiled, dtype", [(False, torch.float32), (True, torch.float32),
+                                             (True, torch.bfloat16)])
+def test_int8_stretches_attend_as_their_dequantized_values_do(compiled, dtype):
     # Attention over INT8 stretches (codes four to a word, per-token scales) beside float
     # ones, keys or values alone INT8 too (rank positions keep float keys), equals plain
     # softmax attention over the dequantized values. Compiled, the CPU step reads every
-    # stretch through reductions; eager, through matrix products.
+    # stretch through reductions (a bfloat16 query through a stored float32 copy); eager,
+    # through matrix products.
     from quantize.kv import pack
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(1, 4, 1, 64, generator=g)
+    q = torch.randn(1, 4, 1, 64, generator=g).to(dtype)
 
     def stretch(n, k_int8, v_int8):  # -> the segment and its K, V in float32
         seg, plain = [], []
@@ -302,9 +304,9 @@ def test_int8_stretches_attend_as_their_dequantized_values_do(compiled):
                 seg.append((pack(c), scale))
                 plain.append(c.float() * scale)
             else:
-                x = torch.randn(1, 2, n, 64, generator=g)
+                x = torch.randn(1, 2, n, 64, generator=g).to(dtype)
                 seg.append((x, None))
-                plain.append(x)
+                plain.append(x.float())
         (k, ks), (v, vs) = seg
         return M.KVSegment(k, v, ks, vs), plain
     made = [stretch(300, False, False), stretch(100, False, False), stretch(300, True, True),
@@ -313,7 +315,7 @@ def test_int8_stretches_attend_as_their_dequantized_values_do(compiled):
     k = torch.cat([m[1][0] for m in made], dim=2).repeat_interleave(2, dim=1)
     v = torch.cat([m[1][1] for m in made], dim=2).repeat_interleave(2, dim=1)
     mask = torch.rand(1, 1, 1, 787, generator=g) > 0.2
-    scores = (q @ k.transpose(-1, -2) / 8).masked_fill(~mask, float("-inf"))
+    scores = (q.float() @ k.transpose(-1, -2) / 8).masked_fill(~mask, float("-inf"))
     want_probs = torch.softmax(scores, dim=-1)
     want = want_probs @ v
 
@@ -321,7 +323,8 @@ def test_int8_stretches_attend_as_their_dequantized_values_do(compiled):
         return M.attend(M.KVView(q, segs, mask), need_probs=True)
     torch._dynamo.reset()
     got, got_probs = (torch.compile(attend, fullgraph=True) if compiled else attend)(q, segs, mask)
-    assert (got - want).abs().max() < 1e-5
+    tolerance = 1e-5 if dtype == torch.float32 else want.abs().max().item() / 128  # rounding
+    assert got.dtype == dtype and (got.float() - want).abs().max() < tolerance
     assert (got_probs.view(1, 4, 1, -1) - want_probs).abs().max() < 1e-6
     torch._dynamo.reset()
 
