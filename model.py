@@ -186,7 +186,7 @@ def reduces(q: Tensor, int8: bool) -> bool:
 
 class KVSegment(NamedTuple):
     """A stretch of cache slots attention reads: K/V [B, Hkv, S, D] in the model dtype, or INT8
-    codes four to an int32 word, [B, Hkv, S, D/4] (quantize/kv.py), with symmetric per-token,
+    codes four to a 32-bit word, [B, Hkv, S, D/4] (quantize/kv.py), with symmetric per-token,
     per-head scales k_scale/v_scale [B, Hkv, S, 1] (a scale marks its K or V as INT8)."""
     k: Tensor
     v: Tensor

@@ -7,7 +7,7 @@ everything retained, then the cache compresses back to the budget).
 Physical layout (slot order is irrelevant to attention; every decision reads `pos`):
     fast slots [0, sink + window + chunk)   model dtype: sink slots, then a ring for the window
     middle slots [0, middle + 1)            model dtype or INT8 (+ per-token, per-head scales),
-                                            codes four to an int32 word (quantize/kv.py)
+                                            codes four to a 32-bit word (quantize/kv.py)
 Index maps and statistics cover the concatenation fast ++ middle ("global" slots, C in all):
     pos [B, Hkv, C]    int32 absolute position of each slot's token, -1 = empty
     <stat> [B, Hkv, C] float32 per-slot statistics named by the policy (`stats`)

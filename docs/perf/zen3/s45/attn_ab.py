@@ -8,6 +8,8 @@ the step traced without them (codes widened byte by byte), as before 6u. In attn
 `full` rows the engine also summed float values over chunks of 64 slots (`graph`) against one
 sum (`bytes`): a variant measured, then dropped. A compressing POLICY has budget 256 and reads
 its prompt in bulk; POLICY+int8 has an INT8 middle (--kv_middle int8).
+Runs against the engine of commit 62d481d (s45): section 6v replaced the names it uses
+(model.INT8_WORDS, model.unpacked, as_words) with words stored in the cache (quantize/kv.py).
 """
 import sys
 

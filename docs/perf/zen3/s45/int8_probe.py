@@ -6,6 +6,8 @@ sc_*: scores q.k (bytes widened in the loop; a float32 copy and a matmul; int32 
 by shifts, model.unpacked); mx_*: the values' sum (bytes; words; words over chunks of 64 slots). Prints us a
 layer. Inductor fuses the 30 layers' reductions into one loop (16 accumulators), which no
 decode step has: the mx_* figures are not the step's. Not part of the engine.
+Runs against the engine of commit 62d481d (s45): section 6v replaced the names it uses
+(model.INT8_WORDS, model.unpacked, as_words) with words stored in the cache (quantize/kv.py).
 """
 import statistics
 import sys
