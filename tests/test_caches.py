@@ -333,6 +333,15 @@ def value_at(cache, position):
     return dequantize_words(v, cache.v_scale[0, 0, slot - cache.n_fast])
 
 
+def test_an_int8_middle_needs_a_head_dim_of_whole_words():
+    # Four codes to a word: a head dim of 6 cannot be packed, and the cache says so in one
+    # line, with the fix; 8 can.
+    with pytest.raises(UserError, match="head dim 6 is not a multiple of 4; use kv_middle"):
+        standalone(WeightedKVCache, sink=1, window=2, middle=2, D=6, middle_int8=True)
+    assert standalone(WeightedKVCache, sink=1, window=2, middle=2, D=8,
+                      middle_int8=True).k_words.shape[-1] == 2
+
+
 def test_weightedkv_paper_toy_example():
     """WeightedKV Fig. 3: a cache of 4 (sink 1, middle 1, window 2) over tokens 1..5 (positions
     0..4). At step 5 token 2 has the lowest average attention: its key goes, and v3 becomes
