@@ -6,8 +6,9 @@ everything retained, then the cache compresses back to the budget).
 
 Physical layout (slot order is irrelevant to attention; every decision reads `pos`):
     fast slots [0, sink + window + chunk)   model dtype: sink slots, then a ring for the window
-    middle slots [0, middle + 1)            model dtype or INT8 (+ per-token, per-head scales),
-                                            codes four to a 32-bit word (quantize/kv.py)
+    middle slots [0, middle + 1)            model dtype or INT8: a row of D/4 + 1 32-bit words
+                                            a slot, codes four to a word, then the per-token,
+                                            per-head scale (quantize/kv.py)
 Index maps and statistics cover the concatenation fast ++ middle ("global" slots, C in all):
     pos [B, Hkv, C]    int32 absolute position of each slot's token, -1 = empty
     <stat> [B, Hkv, C] float32 per-slot statistics named by the policy (`stats`)
@@ -64,7 +65,7 @@ from caches.base import KVCache, KVView, put_slots
 from caches.full import scatter_tokens
 from core.errors import UserError
 from model import KVSegment, apply_rope
-from quantize.kv import WORD, dequantize_words, quantize_words
+from quantize.kv import WORD, dequantize_words, quantize_words, split_words
 
 FAR = 2**31 - 1  # a position later than any real one (positions are int32)
 
@@ -114,15 +115,14 @@ class RegionCache(KVCache):
                             f"a multiple of 4; use kv_middle 'model'")
         buf = self.register_buffer
         # k/v: the fast slots, followed by the middle when it is in the model dtype (one
-        # stretch for attention); an INT8 middle has buffers of its own.
+        # stretch for attention); an INT8 middle has buffers of its own, a row of words a slot
+        # with its scale.
         n_kv = self.n_fast if middle_int8 else self.capacity
         buf("k", torch.zeros(B, H, n_kv, D, dtype=dtype), persistent=False)
         buf("v", torch.zeros(B, H, n_kv, D, dtype=dtype), persistent=False)
         if middle_int8:
-            buf("k_words", torch.zeros(B, H, self.n_mid, D // 4, dtype=WORD), persistent=False)
-            buf("v_words", torch.zeros(B, H, self.n_mid, D // 4, dtype=WORD), persistent=False)
-            buf("k_scale", torch.zeros(B, H, self.n_mid, 1), persistent=False)
-            buf("v_scale", torch.zeros(B, H, self.n_mid, 1), persistent=False)
+            buf("k_words", torch.zeros(B, H, self.n_mid, D // 4 + 1, dtype=WORD), persistent=False)
+            buf("v_words", torch.zeros(B, H, self.n_mid, D // 4 + 1, dtype=WORD), persistent=False)
         buf("pos", torch.full((B, H, self.capacity), -1, dtype=torch.int32), persistent=False)
         for name in self.stats:
             buf(name, torch.zeros(B, H, self.capacity), persistent=False)
@@ -142,17 +142,32 @@ class RegionCache(KVCache):
     def v_fast(self) -> Tensor:
         return self.v[:, :, :self.n_fast]
 
+    def mid_rows(self, kv: str) -> Tensor:
+        """The middle of K or V (kv: "k" or "v") as stored, one row a slot: the model dtype's
+        [.., D], or an INT8 middle's words and scale [.., D/4 + 1]. The rows `put_mid` writes."""
+        if self.middle_int8:
+            return getattr(self, kv + "_words")
+        return getattr(self, kv)[:, :, self.n_fast:]
+
     @property
     def k_mid(self) -> Tensor:
-        return self.k_words if self.middle_int8 else self.k[:, :, self.n_fast:]
+        return split_words(self.k_words)[0] if self.middle_int8 else self.k[:, :, self.n_fast:]
 
     @property
     def v_mid(self) -> Tensor:
-        return self.v_words if self.middle_int8 else self.v[:, :, self.n_fast:]
+        return split_words(self.v_words)[0] if self.middle_int8 else self.v[:, :, self.n_fast:]
+
+    @property
+    def k_scale(self) -> Tensor:
+        return split_words(self.k_words)[1]
+
+    @property
+    def v_scale(self) -> Tensor:
+        return split_words(self.v_words)[1]
 
     def put_mid(self, kv: str, index: Tensor, src) -> None:
-        """put_slots into the middle of K or V (kv: "k" or "v"), index in middle slots (an INT8
-        middle's words: index and src of D/4 columns)."""
+        """put_slots into the middle of K or V (kv: "k" or "v"), index in middle slots, whole
+        rows (`mid_rows`)."""
         if self.middle_int8:
             put_slots(getattr(self, kv + "_words"), index, src)
         else:
@@ -178,13 +193,13 @@ class RegionCache(KVCache):
         positions, or un-rotated under rank positions); empty slots hold stale values."""
         if not self.middle_int8:
             return self.k.float()
-        return torch.cat([self.k_fast.float(), dequantize_words(self.k_mid, self.k_scale)], dim=2)
+        return torch.cat([self.k_fast.float(), dequantize_words(self.k_words)], dim=2)
 
     def all_values(self) -> Tensor:
         """Values of every global slot [B, H, C, D] in float32."""
         if not self.middle_int8:
             return self.v.float()
-        return torch.cat([self.v_fast.float(), dequantize_words(self.v_mid, self.v_scale)], dim=2)
+        return torch.cat([self.v_fast.float(), dequantize_words(self.v_words)], dim=2)
 
     def read_v(self, g: Tensor) -> Tensor:
         """Values at global slots g [B, H] (or [B, H, K]) -> [B, H, D] ([B, H, K, D]) float32,
@@ -192,18 +207,19 @@ class RegionCache(KVCache):
         return self._read_v(g.unsqueeze(-1)).squeeze(2) if g.dim() == 2 else self._read_v(g)
 
     def _read_v(self, g: Tensor) -> Tensor:
-        D, Dm = self.v_fast.shape[-1], self.v_mid.shape[-1]  # Dm: D, or D/4 words
+        rows = self.mid_rows("v")
+        D, Dm = self.v_fast.shape[-1], rows.shape[-1]  # Dm: D, or D/4 + 1 words
         f = g.clamp(max=self.n_fast - 1).unsqueeze(-1).expand(*g.shape, D)
         m = (g - self.n_fast).clamp(min=0).unsqueeze(-1).expand(*g.shape, Dm)
         fast = self.v_fast.gather(2, f).float()
-        mid = self.v_mid.gather(2, m)
-        mid = dequantize_words(mid, self.v_scale.gather(2, m[..., :1])) if self.middle_int8 \
-            else mid.float()
+        mid = rows.gather(2, m)
+        mid = dequantize_words(mid) if self.middle_int8 else mid.float()
         return torch.where((g < self.n_fast).unsqueeze(-1), fast, mid)
 
     def write_v(self, g: Tensor, value: Tensor, do: Tensor) -> None:
         """Write value [B, H, D] at global slots g [B, H] where do [B, H]."""
-        D, Dm = self.v_fast.shape[-1], self.v_mid.shape[-1]
+        rows = self.mid_rows("v")
+        D, Dm = self.v_fast.shape[-1], rows.shape[-1]
         is_fast = (g < self.n_fast).unsqueeze(-1).unsqueeze(-1)
         do = do.unsqueeze(-1).unsqueeze(-1)
         value = value.unsqueeze(2)
@@ -211,15 +227,9 @@ class RegionCache(KVCache):
         old = self.v_fast.gather(2, f)
         put_slots(self.v, f, torch.where(do & is_fast, value.to(old.dtype), old))  # fast: from 0
         m = (g - self.n_fast).clamp(min=0).unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, Dm)
-        old = self.v_mid.gather(2, m)
-        keep = do & ~is_fast
-        if self.middle_int8:
-            q, s = quantize_words(value)
-            self.put_mid("v", m, torch.where(keep, q, old))
-            old_s = self.v_scale.gather(2, m[..., :1])
-            put_slots(self.v_scale, m[..., :1], torch.where(keep, s, old_s))
-        else:
-            self.put_mid("v", m, torch.where(keep, value.to(old.dtype), old))
+        old = rows.gather(2, m)
+        new = quantize_words(value) if self.middle_int8 else value.to(old.dtype)
+        self.put_mid("v", m, torch.where(do & ~is_fast, new, old))
 
     def write_all_v(self, value: Tensor, do: Tensor) -> None:
         """Write value [B, H, C, D] (float32) at every global slot where do [B, H, C]: one pass
@@ -232,9 +242,7 @@ class RegionCache(KVCache):
         fast = value[:, :, :self.n_fast]
         self.v.copy_(torch.where(do[:, :, :self.n_fast], fast.to(self.v.dtype), self.v))
         mid, do_mid = value[:, :, self.n_fast:], do[:, :, self.n_fast:]
-        q, s = quantize_words(mid)
-        self.v_words.copy_(torch.where(do_mid, q, self.v_words))
-        self.v_scale.copy_(torch.where(do_mid, s, self.v_scale))
+        self.v_words.copy_(torch.where(do_mid, quantize_words(mid), self.v_words))
 
     # ---- the contract ------------------------------------------------------------------------
     def before_step(self, first: list, last: list) -> None:
@@ -297,7 +305,7 @@ class RegionCache(KVCache):
             if not self.middle_int8:
                 return KVView(q, [KVSegment(apply_rope(self.k, self.rope[rank]), self.v)], mask)
             k_fast = apply_rope(self.k_fast, self.rope[rank[..., :self.n_fast]])
-            k_mid = dequantize_words(self.k_mid, self.k_scale)
+            k_mid = dequantize_words(self.k_words)
             k_mid = apply_rope(k_mid, self.rope[rank[..., self.n_fast:]]).to(k_fast.dtype)
             return KVView(q, [KVSegment(k_fast, self.v_fast),
                               KVSegment(k_mid, self.v_mid, None, self.v_scale)], mask)
@@ -424,8 +432,9 @@ class RegionCache(KVCache):
                 id(self.shard), self.compiled_compress)
 
     def state(self) -> dict:
-        """The buffers that hold the stream; an INT8 middle's words as int32 (views of their
-        bits: compared and saved as the integers they are, not as float32 numbers)."""
+        """The buffers that hold the stream; an INT8 middle's rows as int32 (views of their
+        bits, the scales' too: compared and saved as the integers they are, not as float32
+        numbers)."""
         return {name: b.view(torch.int32) if name.endswith("_words") else b
                 for name, b in super().state().items()}
 
@@ -456,16 +465,14 @@ class RegionCache(KVCache):
         moving[b]."""
         B, H, _, D = self.k_fast.shape
         src = ring.view(B, 1, 1, 1).expand(B, H, 1, D)
-        idx = spare.view(B, H, 1, 1).expand(B, H, 1, self.k_mid.shape[-1])
+        idx = spare.view(B, H, 1, 1).expand(B, H, 1, self.mid_rows("k").shape[-1])
         k, v = self.k_fast.gather(2, src), self.v_fast.gather(2, src)
         # The spare slot is empty: writing it unconditionally is harmless when nothing moves.
         if self.middle_int8:
-            (kq, ks), (vq, vs) = quantize_words(k), quantize_words(v)
+            kq = quantize_words(k)
             self.put_mid("k", idx, kq)
-            self.put_mid("v", idx, vq)
-            put_slots(self.k_scale, idx[..., :1], ks)
-            put_slots(self.v_scale, idx[..., :1], vs)
-            k = dequantize_words(kq, ks)  # the key as the middle holds it
+            self.put_mid("v", idx, quantize_words(v))
+            k = dequantize_words(kq)  # the key as the middle holds it
         else:
             self.put_mid("k", idx, k)
             self.put_mid("v", idx, v)
@@ -533,18 +540,16 @@ class RegionCache(KVCache):
         src = first_true(moving, K)  # [B, H, K] moving first
         ok = moving.gather(-1, src)
         dst = first_true(self.pos[..., self.n_fast:] < 0, K)  # free middle slots first
-        Dm = self.k_mid.shape[-1]  # D, or D/4 words
+        Dm = self.mid_rows("k").shape[-1]  # D, or D/4 + 1 words
         s4 = src.unsqueeze(-1).expand(B, H, K, D)
         d4, ok4 = (x.unsqueeze(-1).expand(B, H, K, Dm) for x in (dst, ok))
         k, v = self.k_fast.gather(2, s4), self.v_fast.gather(2, s4)
         for kv, x in (("k", k), ("v", v)):
             if self.middle_int8:
-                x, s = quantize_words(x)
+                x = quantize_words(x)
                 if kv == "k":  # the keys as the middle holds them
-                    k = dequantize_words(x, s)
-                scale, d1, ok1 = getattr(self, kv + "_scale"), d4[..., :1], ok4[..., :1]
-                put_slots(scale, d1, torch.where(ok1, s, scale.gather(2, d1)))
-            self.put_mid(kv, d4, torch.where(ok4, x, getattr(self, kv + "_mid").gather(2, d4)))
+                    k = dequantize_words(x)
+            self.put_mid(kv, d4, torch.where(ok4, x, self.mid_rows(kv).gather(2, d4)))
         g = dst + self.n_fast
         for name in ("pos", *self.stats):
             stat = getattr(self, name)
@@ -573,9 +578,7 @@ class RegionCache(KVCache):
         idx = src.unsqueeze(-1).expand(B, H, n, D)
         km, vm = k.gather(2, idx), v.gather(2, idx)
         if self.middle_int8:
-            (kq, ks), (vq, vs) = quantize_words(km), quantize_words(vm)
-            self.k_mid[:, :, :n], self.k_scale[:, :, :n] = kq, ks
-            self.v_mid[:, :, :n], self.v_scale[:, :, :n] = vq, vs
+            self.k_words[:, :, :n], self.v_words[:, :, :n] = quantize_words(km), quantize_words(vm)
         else:
             self.k_mid[:, :, :n], self.v_mid[:, :, :n] = km.to(self.k.dtype), vm.to(self.v.dtype)
         self.pos[:, :, self.n_fast:self.n_fast + n] = src.to(torch.int32)

@@ -37,7 +37,7 @@ PREFILL_PIECE = 1024
 WAVE_PIECE = 256
 BY_LAYER = True
 SESSION_FORMAT = "regionkv-session"
-SESSION_VERSION = 3  # bump when the saved layout changes; older files are refused by name
+SESSION_VERSION = 4  # bump when the saved layout changes; older files are refused by name
 
 
 def sample(logits: Tensor, temperature: float, top_k: Optional[int]) -> Tensor:

@@ -2,7 +2,8 @@
 
 scale = max|x| / 127 + eps over the head dimension; q = clamp(round(x / scale), -127, 127).
 A token's D codes are held as D/4 32-bit words, a quarter of the row in each byte: byte i of
-word j is code i * D/4 + j. Unpacked by shifts (`codes`), the words give the row reshaped to
+word j is code i * D/4 + j; its scale (a float32 number) follows as one more word, so a token
+is one row of D/4 + 1 words that a cache writes, moves and reads as a whole. Unpacked by shifts (`codes`), the words give the row reshaped to
 [4, D/4]: attention reads the codes in the query's order and writes its output in the head's,
 with nothing permuted in between (a permuted read inside the output projection's loop made
 that loop scalar).
@@ -12,7 +13,9 @@ step's loops read a vector of int8 codes, or of int32, by way of a buffer on the
 AVX2 CPU (at::vec's partial loads), and only a vector of floats whole; a same-width dtype view
 to int32 costs nothing inside the loop, and shifts unpack it (docs/PERFORMANCE.md, sections 6u
 and 6v). Copies, gathers, scatters and `torch.where` move the bits unchanged. Attention
-consumes (words, scale) directly (model.KVSegment); only merges dequantize explicitly.
+consumes (words, scale) directly (model.KVSegment); only merges dequantize explicitly. The
+scale shares the row so that a layer's INT8 K (or V) is one tensor: one input of the compiled
+step instead of two, whose per-input guard and wrapper work a decode step pays 30 times.
 """
 from __future__ import annotations
 
@@ -51,12 +54,18 @@ def codes(words: Tensor) -> Tensor:
     return ((words.view(torch.int32).unsqueeze(-2) << shifts) >> 24).float()
 
 
-def quantize_words(x: Tensor) -> tuple[Tensor, Tensor]:
-    """x [..., D] -> (words [..., D/4], float32 scale [..., 1])."""
+def quantize_words(x: Tensor) -> Tensor:
+    """x [..., D] -> rows [..., D/4 + 1] (WORD): the words, then the scale."""
     q, scale = quantize_int8(x)
-    return pack(q), scale
+    return torch.cat([pack(q), scale], dim=-1)
 
 
-def dequantize_words(words: Tensor, scale: Tensor) -> Tensor:
-    """words [..., D/4] and scale [..., 1] -> float32 [..., D]."""
+def split_words(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """rows [..., D/4 + 1] -> (words [..., D/4], float32 scale [..., 1]), views."""
+    return rows[..., :-1], rows[..., -1:]
+
+
+def dequantize_words(rows: Tensor) -> Tensor:
+    """rows [..., D/4 + 1] -> float32 [..., D]."""
+    words, scale = split_words(rows)
     return codes(words).flatten(-2) * scale

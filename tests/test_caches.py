@@ -327,10 +327,8 @@ def value_at(cache, position):
     slot = cache.pos[0, 0].tolist().index(position)
     if slot < cache.n_fast:
         return cache.v_fast[0, 0, slot]
-    v = cache.v_mid[0, 0, slot - cache.n_fast]
-    if not cache.middle_int8:
-        return v.float()
-    return dequantize_words(v, cache.v_scale[0, 0, slot - cache.n_fast])
+    v = cache.mid_rows("v")[0, 0, slot - cache.n_fast]
+    return dequantize_words(v) if cache.middle_int8 else v.float()
 
 
 def test_an_int8_middle_needs_a_head_dim_of_whole_words():
@@ -339,7 +337,31 @@ def test_an_int8_middle_needs_a_head_dim_of_whole_words():
     with pytest.raises(UserError, match="head dim 6 is not a multiple of 4; use kv_middle"):
         standalone(WeightedKVCache, sink=1, window=2, middle=2, D=6, middle_int8=True)
     assert standalone(WeightedKVCache, sink=1, window=2, middle=2, D=8,
-                      middle_int8=True).k_words.shape[-1] == 2
+                      middle_int8=True).k_words.shape[-1] == 3  # two words and the scale
+
+
+def test_an_int8_middle_holds_each_slot_as_one_row_of_words_ending_in_its_scale():
+    # K's middle and V's are one buffer each (the scale is the row's last word, not a buffer
+    # of its own: fewer inputs for the compiled step); the row dequantizes to the token
+    # within half a step of its scale.
+    from quantize.kv import EPS, pack
+    c = standalone(H2OCache, sink=1, window=2, middle=4, D=8, middle_int8=True)
+    assert {n for n, _ in c.named_buffers()} == {"k", "v", "k_words", "v_words", "pos", "acc",
+                                                  "rope", "rng_key"}
+    torch.manual_seed(0)
+    tokens = torch.randn(6, 8)
+    for t in range(6):
+        x = tokens[t].view(1, 1, 1, 8)
+        c.update(torch.tensor([[t]]), x, x, x)
+        c.commit(torch.tensor([[t]]), torch.zeros(1, 1, 1, 1, c.capacity))
+    for slot, pos in enumerate(c.pos[0, 0, c.n_fast:].tolist()):
+        if pos < 1:
+            continue
+        row, x = c.v_words[0, 0, slot], tokens[pos]
+        q, scale = quantize_int8(x)
+        assert torch.equal(row[:-1].view(torch.int32), pack(q).view(torch.int32))
+        assert row[-1] == scale == x.abs().max() / 127 + EPS
+        assert (value_at(c, pos) - x).abs().max() <= scale / 2 + 1e-6
 
 
 def test_weightedkv_paper_toy_example():

@@ -73,11 +73,11 @@ def test_quantized_reads_a_prompt_in_one_shot_then_stores_it_in_int8():
 
 
 def int8_by_position(cache) -> dict:
-    """Per (row, head, position) of the int8 middle: its codes and scales (slots may differ)."""
+    """Per (row, head, position) of the int8 middle: its codes and scale (slots may differ)."""
     mid = cache.pos[..., cache.n_fast:]
     state = cache.state()  # the codes' words as int32
     return {(b, h, p): tuple(state[name][b, h, s].flatten().tolist()
-                             for name in ("k_words", "v_words", "k_scale", "v_scale"))
+                             for name in ("k_words", "v_words"))
             for b in range(mid.shape[0]) for h in range(mid.shape[1])
             for s, p in enumerate(mid[b, h].tolist()) if p >= 0}
 

@@ -1,0 +1,48 @@
+"""Probe (PERFORMANCE 6w): where one session's compiled decode step spends its host time.
+
+    PYTHONPATH=. python docs/perf/zen3/s47/host_split.py POLICY[+int8] DTYPE CONTEXT STEPS
+
+As docs/perf/zen3/s46/single_session.py (one session, budget 256, bulk prompt compression), but
+the STEPS timed steps run under torch.profiler with Inductor's kernel profile on, so that the
+generated kernels are events of their own: prints ms a step of the events with the most self
+time (the compiled graph's Python wrapper, Dynamo's cache lookup, each kind of kernel).
+
+Then the step and a block's kernel in units of the head's kernel (the final norm and the tied
+head: the same code and the same 28M weights for every policy, read once a step): this VM's
+speed drifts by 10-20% between processes, and a ratio to a kernel of the same run cancels it.
+"""
+import sys
+
+import torch
+import torch._inductor.config as ic
+
+from caches import make_cache_factory
+from engine import generation as G
+from engine.checkpoint import load_model
+from engine.cli import DTYPES
+from engine.default_model import resolve_checkpoint
+
+ic.cpp.enable_kernel_profile = True
+torch.set_num_threads(2)
+policy, dtype, ctx, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+model = load_model(resolve_checkpoint(None), dtype=DTYPES[dtype])
+name = policy.removesuffix("+int8")
+f = make_cache_factory("full") if name == "full" else make_cache_factory(
+    name, cache_size=256, prompt_compression="bulk",
+    kv_middle="int8" if policy.endswith("+int8") else "model")
+s = G.Session(model, f, compile=True, max_seq_length=ctx + n + 100)
+s.append(list(range(100, 100 + ctx)))
+s.generate(8)
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    g = s.generate(n + 1)
+print("ms/step", 1000 * g.decode_s / (g.new_tokens - 1))
+rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:12]
+for e in rows:
+    print(f"{e.self_cpu_time_total / 1000 / n:8.3f} ms/step {e.count / n:7.1f} calls/step  "
+          f"{e.key[:90]}")
+kernels = [e for e in rows if "cpp_fused" in e.key]
+head = next(e for e in kernels if "mean" in e.key and e.count < 2 * n)  # the norm, once a step
+block = max(kernels, key=lambda e: e.count)
+per_call = head.self_cpu_time_total / head.count / 1000
+print(f"head {per_call:.3f} ms; step {1000 * g.decode_s / (g.new_tokens - 1) / per_call:.3f} "
+      f"heads; block {block.self_cpu_time_total / block.count / 1000 / per_call:.4f} heads")
