@@ -159,6 +159,7 @@ class RegionCache(KVCache):
 
     @property
     def k_scale(self) -> Tensor:
+        """An INT8 middle's scales [B, H, n_mid, 1], the last word of each row (a view)."""
         return split_words(self.k_words)[1]
 
     @property

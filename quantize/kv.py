@@ -3,10 +3,10 @@
 scale = max|x| / 127 + eps over the head dimension; q = clamp(round(x / scale), -127, 127).
 A token's D codes are held as D/4 32-bit words, a quarter of the row in each byte: byte i of
 word j is code i * D/4 + j; its scale (a float32 number) follows as one more word, so a token
-is one row of D/4 + 1 words that a cache writes, moves and reads as a whole. Unpacked by shifts (`codes`), the words give the row reshaped to
-[4, D/4]: attention reads the codes in the query's order and writes its output in the head's,
-with nothing permuted in between (a permuted read inside the output projection's loop made
-that loop scalar).
+is one row of D/4 + 1 words that a cache writes, moves and reads as a whole. Unpacked by
+shifts (`codes`), the words give the row reshaped to [4, D/4]: attention reads the codes in the
+query's order and writes its output in the head's, with nothing permuted in between (a
+permuted read inside the output projection's loop made that loop scalar).
 
 Why words, and why in float32 tensors (as bit patterns, never as numbers): the compiled CPU
 step's loops read a vector of int8 codes, or of int32, by way of a buffer on the stack on an
@@ -14,8 +14,8 @@ AVX2 CPU (at::vec's partial loads), and only a vector of floats whole; a same-wi
 to int32 costs nothing inside the loop, and shifts unpack it (docs/PERFORMANCE.md, sections 6u
 and 6v). Copies, gathers, scatters and `torch.where` move the bits unchanged. Attention
 consumes (words, scale) directly (model.KVSegment); only merges dequantize explicitly. The
-scale shares the row so that a layer's INT8 K (or V) is one tensor: one input of the compiled
-step instead of two, whose per-input guard and wrapper work a decode step pays 30 times.
+scale shares the row so that a layer's INT8 K (or V) is one tensor: one write where there were
+two, and one input of the compiled step instead of two.
 """
 from __future__ import annotations
 
