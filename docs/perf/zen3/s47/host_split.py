@@ -12,27 +12,17 @@ head: the same code and the same 28M weights for every policy, read once a step)
 speed drifts by 10-20% between processes, and a ratio to a kernel of the same run cancels it.
 """
 import sys
+from pathlib import Path
 
 import torch
 import torch._inductor.config as ic
 
-from caches import make_cache_factory
-from engine import generation as G
-from engine.checkpoint import load_model
-from engine.cli import DTYPES
-from engine.default_model import resolve_checkpoint
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "s46"))
+from single_session import warm_session  # noqa: E402
 
 ic.cpp.enable_kernel_profile = True
-torch.set_num_threads(2)
-policy, dtype, ctx, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-model = load_model(resolve_checkpoint(None), dtype=DTYPES[dtype])
-name = policy.removesuffix("+int8")
-f = make_cache_factory("full") if name == "full" else make_cache_factory(
-    name, cache_size=256, prompt_compression="bulk",
-    kv_middle="int8" if policy.endswith("+int8") else "model")
-s = G.Session(model, f, compile=True, max_seq_length=ctx + n + 100)
-s.append(list(range(100, 100 + ctx)))
-s.generate(8)
+n = int(sys.argv[4])
+s = warm_session(sys.argv[1], sys.argv[2], int(sys.argv[3]), n)
 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
     g = s.generate(n + 1)
 print("ms/step", 1000 * g.decode_s / (g.new_tokens - 1))
