@@ -7,7 +7,7 @@ the STEPS timed steps run under torch.profiler with Inductor's kernel profile on
 generated kernels are events of their own: prints ms a step of the events with the most self
 time (the compiled graph's Python wrapper, Dynamo's cache lookup, each kind of kernel).
 
-Then the step and a block's kernel in units of the head's kernel (the final norm and the tied
+Then the step and a block's kernels in units of the head's kernel (the final norm and the tied
 head: the same code and the same 28M weights for every policy, read once a step): this VM's
 speed drifts by 10-20% between processes, and a ratio to a kernel of the same run cancels it.
 """
@@ -30,9 +30,12 @@ rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:12]
 for e in rows:
     print(f"{e.self_cpu_time_total / 1000 / n:8.3f} ms/step {e.count / n:7.1f} calls/step  "
           f"{e.key[:90]}")
-kernels = [e for e in rows if "cpp_fused" in e.key]
-head = next(e for e in kernels if "mean" in e.key and e.count < 2 * n)  # the norm, once a step
-block = max(kernels, key=lambda e: e.count)
+kernels = [e for e in prof.key_averages() if "cpp_fused" in e.key]
+# The head: the largest kernel that runs once a step (the final norm may be a kernel of its own).
+head = max((e for e in kernels if e.count < 2 * n), key=lambda e: e.self_cpu_time_total)
 per_call = head.self_cpu_time_total / head.count / 1000
+# A block: every kernel that runs in each layer, a step's worth divided by the layers.
+layers = len(s.model.layers)
+block = sum(e.self_cpu_time_total for e in kernels if e.count > 2 * n) / head.count / layers
 print(f"head {per_call:.3f} ms; step {1000 * g.decode_s / (g.new_tokens - 1) / per_call:.3f} "
-      f"heads; block {block.self_cpu_time_total / block.count / 1000 / per_call:.4f} heads")
+      f"heads; block {block / 1000 / per_call:.4f} heads")
