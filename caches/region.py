@@ -169,9 +169,9 @@ class RegionCache(KVCache):
     def put_mid(self, kv: str, index: Tensor, src) -> None:
         """put_slots into the middle of K or V (kv: "k" or "v"), index in middle slots, whole
         rows (`mid_rows`)."""
-        if self.middle_int8:
-            put_slots(getattr(self, kv + "_words"), index, src)
-        else:
+        if self.middle_int8:  # the rows are a buffer of their own
+            put_slots(self.mid_rows(kv), index, src)
+        else:  # through the buffer, not the view (above)
             put_slots(getattr(self, kv), index + self.n_fast, src)
 
     # ---- slots -------------------------------------------------------------------------------

@@ -354,9 +354,9 @@ def test_an_int8_middle_holds_each_slot_as_one_row_of_words_ending_in_its_scale(
         x = tokens[t].view(1, 1, 1, 8)
         c.update(torch.tensor([[t]]), x, x, x)
         c.commit(torch.tensor([[t]]), torch.zeros(1, 1, 1, 1, c.capacity))
-    for slot, pos in enumerate(c.pos[0, 0, c.n_fast:].tolist()):
-        if pos < 1:
-            continue
+    held = [(slot, pos) for slot, pos in enumerate(c.pos[0, 0, c.n_fast:].tolist()) if pos >= 0]
+    assert len(held) == 3  # tokens 1-3: after the sink, before the window
+    for slot, pos in held:
         row, x = c.v_words[0, 0, slot], tokens[pos]
         q, scale = quantize_int8(x)
         assert torch.equal(row[:-1].view(torch.int32), pack(q).view(torch.int32))

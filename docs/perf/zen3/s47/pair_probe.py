@@ -31,6 +31,7 @@ def run(self, idx, input_pos, caches, out_idx=None):
         return orig_run(self, idx, input_pos, caches, out_idx)
     x = self.tok_embeddings(idx)
     L = list(zip(self.layers, caches))
+    assert len(L) % 2 == 0, "two blocks a region needs an even number of layers"
     for (la, ca), (lb, cb) in zip(L[0::2], L[1::2]):
         x = pair_region(la, lb, x, input_pos, ca, cb)
     return M.run_head(self.norm, self.output, x)
