@@ -65,7 +65,7 @@ from caches.base import KVCache, KVView, put_slots
 from caches.full import scatter_tokens
 from core.errors import UserError
 from model import KVSegment, apply_rope
-from quantize.kv import WORD, dequantize_words, quantize_words, split_words
+from quantize.kv import dequantize_words, quantize_words, split_words, zero_rows
 
 FAR = 2**31 - 1  # a position later than any real one (positions are int32)
 
@@ -121,8 +121,8 @@ class RegionCache(KVCache):
         buf("k", torch.zeros(B, H, n_kv, D, dtype=dtype), persistent=False)
         buf("v", torch.zeros(B, H, n_kv, D, dtype=dtype), persistent=False)
         if middle_int8:
-            buf("k_words", torch.zeros(B, H, self.n_mid, D // 4 + 1, dtype=WORD), persistent=False)
-            buf("v_words", torch.zeros(B, H, self.n_mid, D // 4 + 1, dtype=WORD), persistent=False)
+            buf("k_words", zero_rows(B, H, self.n_mid, head_dim=D), persistent=False)
+            buf("v_words", zero_rows(B, H, self.n_mid, head_dim=D), persistent=False)
         buf("pos", torch.full((B, H, self.capacity), -1, dtype=torch.int32), persistent=False)
         for name in self.stats:
             buf(name, torch.zeros(B, H, self.capacity), persistent=False)

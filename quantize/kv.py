@@ -8,14 +8,19 @@ shifts (`codes`), the words give the row reshaped to [4, D/4]: attention reads t
 query's order and writes its output in the head's, with nothing permuted in between (a
 permuted read inside the output projection's loop made that loop scalar).
 
-Why words, and why in float32 tensors (as bit patterns, never as numbers): the compiled CPU
-step's loops read a vector of int8 codes, or of int32, by way of a buffer on the stack on an
-AVX2 CPU (at::vec's partial loads), and only a vector of floats whole; a same-width dtype view
-to int32 costs nothing inside the loop, and shifts unpack it (docs/PERFORMANCE.md, sections 6u
-and 6v). Copies, gathers, scatters and `torch.where` move the bits unchanged. Attention
-consumes (words, scale) directly (model.KVSegment); only merges dequantize explicitly. The
-scale shares the row so that a layer's INT8 K (or V) is one tensor: one write where there were
-two, and one input of the compiled step instead of two.
+Why words, and which dtype holds them (bit patterns, never numbers): the compiled CPU step's
+loops read the words as vectors, and the widths differ. On an AVX2 CPU (8 lanes) at::vec loads
+a vector of int8 or int32 by way of a buffer on the stack, and only a vector of floats whole,
+while a same-width view of floats as int32 costs nothing inside the loop: the words live in
+float32 tensors there (docs/PERFORMANCE.md, sections 6u and 6v). On an AVX-512 CPU (16 lanes)
+it is the other way round: int32 loads are whole (masked), and Inductor's view of 16 float lanes
+as int32 goes one lane at a time through the stack, 4x slower for the scores' loop: the words
+live in int32 tensors there (section 6x). `WORD` is chosen once, by the kernels ATen runs
+(`ATEN_CPU_CAPABILITY` included), which Inductor's vector width follows. Saved sessions hold
+the rows as int32 either way (`RegionCache.state`). Copies, gathers, scatters and `torch.where`
+move the bits unchanged. Attention consumes (words, scale) directly (model.KVSegment); only
+merges dequantize explicitly. The scale shares the row so that a layer's INT8 K (or V) is one
+tensor: one write where there were two, and one input of the compiled step instead of two.
 """
 from __future__ import annotations
 
@@ -23,7 +28,8 @@ import torch
 from torch import Tensor
 
 EPS = 1e-8
-WORD = torch.float32  # the dtype of a tensor of words (bit patterns)
+# the dtype of a tensor of words (bit patterns): whole vector loads in compiled CPU loops
+WORD = torch.int32 if torch.backends.cpu.get_cpu_capability() == "AVX512" else torch.float32
 
 
 def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -57,12 +63,17 @@ def codes(words: Tensor) -> Tensor:
 def quantize_words(x: Tensor) -> Tensor:
     """x [..., D] -> rows [..., D/4 + 1] (WORD): the words, then the scale."""
     q, scale = quantize_int8(x)
-    return torch.cat([pack(q), scale], dim=-1)
+    return torch.cat([pack(q), scale.view(WORD)], dim=-1)
+
+
+def zero_rows(*lead: int, head_dim: int) -> Tensor:
+    """An empty INT8 store: [*lead, D/4 + 1] zero words for a head dim D (of WORD at the call)."""
+    return torch.zeros(*lead, head_dim // 4 + 1, dtype=WORD)
 
 
 def split_words(rows: Tensor) -> tuple[Tensor, Tensor]:
     """rows [..., D/4 + 1] -> (words [..., D/4], float32 scale [..., 1]), views."""
-    return rows[..., :-1], rows[..., -1:]
+    return rows[..., :-1], rows[..., -1:].view(torch.float32)
 
 
 def dequantize_words(rows: Tensor) -> Tensor:

@@ -360,7 +360,7 @@ def test_an_int8_middle_holds_each_slot_as_one_row_of_words_ending_in_its_scale(
         row, x = c.v_words[0, 0, slot], tokens[pos]
         q, scale = quantize_int8(x)
         assert torch.equal(row[:-1].view(torch.int32), pack(q).view(torch.int32))
-        assert row[-1] == scale == x.abs().max() / 127 + EPS
+        assert row[-1:].view(torch.float32) == scale == x.abs().max() / 127 + EPS
         assert (value_at(c, pos) - x).abs().max() <= scale / 2 + 1e-6
 
 

@@ -257,20 +257,25 @@ def test_decoding_through_split_attention_keeps_the_tokens(monkeypatch, compiled
     torch._dynamo.reset()
 
 
-def test_int8_codes_pack_a_quarter_of_the_row_into_each_byte_of_a_word():
+@pytest.mark.parametrize("word", [torch.float32, torch.int32])
+def test_int8_codes_pack_a_quarter_of_the_row_into_each_byte_of_a_word(word, monkeypatch):
     # Byte i of word j holds code i * D/4 + j (the bytes of a little-endian word: the view
     # below), and codes unpacks the words into the row reshaped to [4, D/4], every code from
-    # -128 to 127 signed. The words are bit patterns in float32 tensors, many of them NaNs:
-    # compiled (as the step packs, selects and unpacks them), every bit the same.
-    from quantize.kv import WORD, codes, pack
+    # -128 to 127 signed. The words are bit patterns in float32 tensors (many of them NaNs) or
+    # int32 ones, as the CPU's vectors load best (quantize/kv.py): compiled (as the step packs,
+    # selects and unpacks them), every bit the same.
+    import quantize.kv as kv
+    from quantize.kv import codes, pack
+    monkeypatch.setattr(kv, "WORD", word)
     c = torch.arange(-128, 128, dtype=torch.int8)[torch.randperm(256)].view(4, 64)
     # and a row of signalling NaNs, 0x7f800001: bytes 3, 2, 1, 0 = 127, -128, 0, 1
     nans = torch.tensor([1, 0, -128, 127], dtype=torch.int8).repeat_interleave(16)
     c = torch.cat([c, nans[None]])
     words = pack(c)
     bytes_ = c.view(5, 4, 16).transpose(-1, -2).contiguous().view(torch.int32).squeeze(-1)
-    assert words.dtype == WORD and torch.equal(words.view(torch.int32), bytes_)
-    assert words[4].isnan().all() and words[4].view(torch.int32)[0] == 0x7f800001
+    assert words.dtype == word and torch.equal(words.view(torch.int32), bytes_)
+    assert words[4].view(torch.float32).isnan().all()
+    assert words[4].view(torch.int32)[0] == 0x7f800001
     assert torch.equal(codes(words), c.float().view(5, 4, 16))
     torch._dynamo.reset()
     keep = torch.rand(5, 16) > 0.5
@@ -283,15 +288,21 @@ def test_int8_codes_pack_a_quarter_of_the_row_into_each_byte_of_a_word():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("compiled, dtype", [(False, torch.float32), (True, torch.float32),
-                                             (True, torch.bfloat16)])
-def test_int8_stretches_attend_as_their_dequantized_values_do(compiled, dtype):
+@pytest.mark.parametrize("compiled, dtype, word", [
+    (False, torch.float32, None), (True, torch.float32, None), (True, torch.bfloat16, None),
+    (True, torch.float32, "other"), (True, torch.bfloat16, "other")])
+def test_int8_stretches_attend_as_their_dequantized_values_do(compiled, dtype, word,
+                                                              monkeypatch):
     # Attention over INT8 stretches (codes four to a word, per-token scales) beside float
     # ones, keys or values alone INT8 too (rank positions keep float keys), equals plain
     # softmax attention over the dequantized values. Compiled, the CPU step reads every
     # stretch through reductions (a bfloat16 query through a stored float32 copy); eager,
-    # through matrix products.
+    # through matrix products. word "other": the words in the tensors this CPU does not use
+    # (float32 on AVX-512, int32 elsewhere), whose loops Inductor generates differently.
+    import quantize.kv as kv
     from quantize.kv import pack
+    if word == "other":
+        monkeypatch.setattr(kv, "WORD", torch.float32 if kv.WORD == torch.int32 else torch.int32)
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 1, 64, generator=g).to(dtype)
 

@@ -338,3 +338,33 @@ def test_a_refused_append_changes_nothing():
     assert torch.equal(s.pending, before[1])
     s.append([7, 7])  # and the stream goes on from where it was
     assert s.tokens[0] == before[0] + [before[1].item(), 7, 7]
+
+
+def test_int8_words_in_float32_or_int32_tensors_decode_alike_and_load_either_way(
+        monkeypatch, tmp_path):
+    # An INT8 middle's words live in float32 tensors on an AVX2 CPU and in int32 ones on an
+    # AVX-512 CPU (quantize/kv.py: WORD, for whole vector loads in the compiled step): the same
+    # bits either way. Compiled, the two give the same tokens and the same cache, and a session
+    # saved where the words are floats loads where they are integers.
+    import quantize.kv as kv
+    model = tiny_model()
+    make = factory("quantized")
+    runs = {}
+    for word in (torch.float32, torch.int32):
+        monkeypatch.setattr(kv, "WORD", word)
+        torch._dynamo.reset()
+        s = Session(model, make, 128, compile=True)
+        assert s.caches[0].k_words.dtype == word
+        s.append(list(range(1, 40)))
+        first = s.generate(8).new_ids[0]
+        if word == torch.float32:
+            s.save(tmp_path / "floats.safetensors")
+        runs[word] = (first, s.generate(8).new_ids[0],
+                      [{n: t.clone() for n, t in c.state().items()} for c in s.caches])
+    assert runs[torch.float32][:2] == runs[torch.int32][:2]
+    for a, b in zip(runs[torch.float32][2], runs[torch.int32][2]):
+        assert all(torch.equal(a[n], b[n]) for n in a)
+    loaded = Session.load(tmp_path / "floats.safetensors", model, make_cache=make, compile=True)
+    assert loaded.caches[0].k_words.dtype == torch.int32
+    assert loaded.generate(8).new_ids[0] == runs[torch.float32][1]
+    torch._dynamo.reset()
