@@ -29,3 +29,12 @@ for step in "${@:-all}"; do case $step in
     run targets-bulk-4k --contexts 4096 --cache $ALL --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on ;;&
   *) ;;
 esac; done
+# After the words in int32 tensors (section 6x): target 3 again, each pair in one run or back to back
+for step in "${@:-all}"; do case $step in
+  int32|all)
+    run quantized-4k-f32 --contexts 4096 --cache full,quantized --cache_size 256 --new_tokens 16 --repeats 2 --compile on
+    run quantized-4k-bf16 --dtype bfloat16 --contexts 4096 --cache full,quantized --cache_size 256 --new_tokens 16 --repeats 2 --compile on
+    run int8-middle-without --contexts 1024,4096 --cache h2o,weightedkv --cache_size 256 --new_tokens 24 --repeats 2 --compile on
+    run int8-middle-with --contexts 1024,4096 --cache h2o,weightedkv --kv_middle int8 --cache_size 256 --new_tokens 24 --repeats 2 --compile on ;;
+  *) ;;
+esac; done
