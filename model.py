@@ -199,8 +199,8 @@ class KVSegment(NamedTuple):
             qf = q.float()
             if q.dtype != torch.float32 and reduces(q, False):
                 # From a bfloat16 query Inductor vectorizes the keys' loop 16 lanes wide, and
-                # views the words as int32 there one lane at a time, through the stack; a stored
-                # float32 query keeps the loop 8 float lanes wide (PERFORMANCE 6v).
+                # views float words (AVX2) as int32 there one lane at a time, through the stack;
+                # a stored float32 query keeps the loop 8 float lanes wide (PERFORMANCE 6v).
                 qf = stored(qf)
             qw, kw = qf.unflatten(-1, (4, -1)), codes(self.k)  # [.., M|S, 4, D/4]
             if reduces(q, True):
