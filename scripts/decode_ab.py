@@ -23,6 +23,9 @@ sees the machine in the same state:
                   them (bfloat16 without oneDNN: quantize.dense.STORE_NORMS; section 6n)
     customop      the engine's step with the norms' copies through torch.library.custom_op,
                   in the model dtype, as they were before section 6q
+    onednn        the engine's step with every linear on oneDNN's packed kernel, none read as
+                  a reduction over the plain weight (section 6x: on an AVX512-BF16 CPU
+                  oneDNN's bfloat16 kernel streams faster than the reduction, alone)
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
@@ -45,7 +48,7 @@ from engine.cli import DTYPES  # noqa: E402
 from engine.default_model import resolve_checkpoint  # noqa: E402
 
 VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize", "headout", "unstored",
-            "customop")
+            "customop", "onednn")
 
 
 @torch.library.custom_op("decode_ab::stored", mutates_args=())
@@ -82,6 +85,7 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     asserts = own_step_graph({**G.STEP_OPTIONS, "size_asserts": True})
     realize = own_step_graph({**G.STEP_OPTIONS, "realize_acc_reads_threshold": 2})
     unstored, customop, engine_stored = own_step_graph(), own_step_graph(), dense.stored
+    onednn, engine_streamed = own_step_graph(), dense.streamed
     out = torch.compile(run_step_out, fullgraph=True, dynamic=False, options=G.STEP_OPTIONS)
 
     def headout(*args):
@@ -91,9 +95,11 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
         M.REDUCE_ROWS = 0 if variant == "sdpa" else 16  # read when a graph is traced
         dense.STORE_NORMS = variant != "unstored"
         dense.stored = custom_stored if variant == "customop" else engine_stored
+        dense.streamed = (lambda x: False) if variant == "onednn" else engine_streamed
         model.step_graph = {"regional": None, "reorder": reorder, "asserts": asserts,
                             "realize": realize, "headout": headout,
-                            "unstored": unstored, "customop": customop}.get(variant, graph)
+                            "unstored": unstored, "customop": customop,
+                            "onednn": onednn}.get(variant, graph)
         model.block_step = regional if variant == "regional" else nested
 
     print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")

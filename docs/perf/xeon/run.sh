@@ -38,3 +38,9 @@ for step in "${@:-all}"; do case $step in
     run int8-middle-with --contexts 1024,4096 --cache h2o,weightedkv --kv_middle int8 --cache_size 256 --new_tokens 24 --repeats 2 --compile on ;;
   *) ;;
 esac; done
+# Target 2 in bfloat16: bulk compression and compiled prompts (section 6x)
+for step in "${@:-all}"; do case $step in
+  ttft-bf16|all)
+    run ttft-bf16-4k --dtype bfloat16 --contexts 4096 --cache full,streaming,h2o,weightedkv,keydiff --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on --compile_prefill ;;
+  *) ;;
+esac; done
