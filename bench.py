@@ -347,16 +347,16 @@ def peer_float_model(model, cfg, ckpt, dtype, device):
     if not cfg.get("quantization"):
         return model
     from engine.checkpoint import load_model, read_config
-    source = str(cfg.get("source") or "")
+    source = str(cfg.get("float_checkpoint") or cfg.get("source") or "")
     path = Path(source.split(":", 1)[1] if ":" in source and not Path(source).exists() else source)
     try:
         ok = path.is_dir() and not read_config(path).get("quantization")
     except UserError:
         ok = False
     if not ok:
-        raise UserError(f"--peer needs float weights: {ckpt} is quantized and its source "
-                        f"{source!r} is not a float engine checkpoint here; run --peer on the "
-                        f"float checkpoint")
+        raise UserError(f"--peer needs float weights: {ckpt} is quantized and its float "
+                        f"checkpoint {source!r} is not here; quantize it again with "
+                        f"quantize.py, or run --peer on the float checkpoint")
     return load_model(path, device=device, dtype=dtype)
 
 

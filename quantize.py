@@ -4,8 +4,9 @@
     python quantize.py --mode int4                                          # the default model, groups of 32
     python generate.py --checkpoint_path checkpoints/smollm2-int8 --prompt "..."
 
-The new directory holds config.json (with "quantization": {"mode", "groupsize"}), the quantized
-model.safetensors and the source's tokenizer files; it appears whole or not at all.
+The new directory holds config.json (with "quantization": {"mode", "groupsize"}, and
+"float_checkpoint": the directory quantized, whose float weights bench.py's peers run), the
+quantized model.safetensors and the source's tokenizer files; it appears whole or not at all.
 """
 from engine.cli import CHECKPOINT_HELP, Parser, run
 

@@ -171,7 +171,9 @@ def quantize_checkpoint(checkpoint_path, mode: str, groupsize=None, out=None) ->
         raise UserError(f"{weights}: {e.args[0]}; re-run convert_hf.py") from None
     del state
 
-    qcfg = dict(cfg, quantization=config.to_dict())
+    # `source` stays the float model's origin (a GGUF's metadata for llama.cpp's peer); the
+    # float weights themselves are found by `float_checkpoint` (bench.py's peers)
+    qcfg = dict(cfg, quantization=config.to_dict(), float_checkpoint=str(src))
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         with staging_dir(dst) as tmp:

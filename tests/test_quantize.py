@@ -51,6 +51,27 @@ def quantized(default_checkpoint, tmp_path_factory):
     return {"int8": root / "int8", "int4": root / "int4"}
 
 
+def test_a_quantized_checkpoint_keeps_its_float_weights_in_reach_of_the_peers(
+        quantized, default_checkpoint):
+    # bench.py's peers run the float weights a quantized checkpoint was made from (llama.cpp
+    # writes them as Q8_0, with the metadata of the GGUF named by `source`): the config keeps
+    # the float model's `source` and names the float checkpoint itself.
+    import bench
+    from engine.checkpoint import read_config
+    cfg, float_cfg = read_config(quantized["int8"]), read_config(default_checkpoint)
+    assert cfg["source"] == float_cfg["source"] and cfg["source"].startswith("gguf:")
+    assert cfg["float_checkpoint"] == str(default_checkpoint)
+    assert bench.gguf_weight_type(cfg, torch.float32) == "Q8_0"
+    model = load_model(quantized["int8"])
+    peer = bench.peer_float_model(model, cfg, quantized["int8"], torch.float32, "cpu")
+    want = load_model(default_checkpoint).state_dict()
+    got = peer.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    moved = dict(cfg, float_checkpoint=str(quantized["int8"].parent / "gone"))
+    with pytest.raises(UserError, match="quantize it again with quantize.py"):
+        bench.peer_float_model(model, moved, quantized["int8"], torch.float32, "cpu")
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     assert out.dtype == ref.dtype and out.shape == ref.shape
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
@@ -180,7 +201,8 @@ def test_quantized_checkpoint_round_trips(quantized, default_checkpoint, mode):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["quantization"] == {"mode": mode, "groupsize": None if mode == "int8" else 64}
     src_cfg = json.loads((default_checkpoint / "config.json").read_text())
-    assert {k: v for k, v in cfg.items() if k != "quantization"} == \
+    assert cfg["float_checkpoint"] == str(default_checkpoint)  # for bench.py's peers
+    assert {k: v for k, v in cfg.items() if k not in ("quantization", "float_checkpoint")} == \
         {k: v for k, v in src_cfg.items() if k != "quantization"}
     assert (out / src_cfg["tokenizer"]["file"]).is_file()
     written = load_file(str(out / WEIGHTS_NAME))
