@@ -355,8 +355,8 @@ def peer_float_model(model, cfg, ckpt, dtype, device):
         ok = False
     if not ok:
         raise UserError(f"--peer needs float weights: {ckpt} is quantized and its float "
-                        f"checkpoint {source!r} is not here; quantize it again with "
-                        f"quantize.py, or run --peer on the float checkpoint")
+                        f"checkpoint {source!r} is not a float engine checkpoint here; quantize "
+                        f"it again with quantize.py, or run --peer on the float checkpoint")
     return load_model(path, device=device, dtype=dtype)
 
 

@@ -16,16 +16,10 @@ rows = quantize_words(torch.randn(1, Hkv, S, D))  # the bits; held as the varian
 rows = rows.view(torch.int32 if variant == "int32" else torch.float32)
 q = torch.randn(1, Hkv, G, D)
 
-def codes_any(w):
-    shifts = 24 - 8 * torch.arange(4, dtype=torch.int32).view(4, 1)
-    w = w if w.dtype == torch.int32 else w.view(torch.int32)
-    return ((w.unsqueeze(-2) << shifts) >> 24).float()
-
-def scores(q, rows):
-    w, s = rows[..., :-1], rows[..., -1:]
-    kw = codes_any(w)
+def scores(q, rows):  # model.KVSegment.scores' reduction, on the engine's own unpacking
+    w, s = split_words(rows)
+    kw = codes(w)
     sc = (q.unflatten(-1, (4, -1)).unsqueeze(-3) * kw.unsqueeze(-4)).sum((-1, -2))
-    s = s.view(torch.float32) if s.dtype == torch.int32 else s
     return sc * s.transpose(-1, -2)
 f = torch.compile(scores, dynamic=False)
 ref = scores(q, rows)
