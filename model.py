@@ -369,6 +369,16 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+def block_input(layer: TransformerBlock, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """What a block's attention reads of its input x [B, T, dim]: its un-rotated q, k, v."""
+    return layer.attention.qkv(layer.attention_norm(x))
+
+
+def block_output(layer: TransformerBlock, x: Tensor, y: Tensor) -> Tensor:
+    """A block's output for its input x once attention gave y [B, H, T, D]."""
+    return layer.after_attention(x, layer.attention.out(y))
+
+
 class Transformer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -386,8 +396,11 @@ class Transformer(nn.Module):
         self.step_graph: Optional[Callable] = None
         self.block_step: Optional[Callable] = None
         # Set by engine.generation.compile_prompt: a layer's step through its cache over one
-        # prompt chunk (through_cache), compiled, for prompts read layer by layer.
+        # prompt chunk (through_cache), compiled, for prompts read layer by layer; and the
+        # block's parts before and after its cache (block_input, block_output) over a piece
+        # of rows, compiled for any number of rows.
         self.chunk_step: Optional[Callable] = None
+        self.piece_steps: Optional[tuple[Callable, Callable]] = None
 
     # Device and activation dtype come from the final norm: a quantized linear holds no float
     # weight to ask.
@@ -458,12 +471,15 @@ class Transformer(nn.Module):
 
     def read_by_layer(self, idx: Tensor, input_pos: Tensor, caches, chunk: int,
                       out_idx: Optional[Tensor] = None, step: Callable = through_cache,
-                      piece: Optional[int] = None) -> Tensor:
+                      piece: Optional[int] = None,
+                      parts: tuple[Callable, Callable] = (block_input, block_output)) -> Tensor:
         """forward for rows that the caches take `chunk` at a time, in order (a compressing
         cache's prompt chunks), layer by layer: each layer's linears run once on a piece of
         `piece` rows (a multiple of `chunk`; all T rows by default), and its cache takes the
         piece's chunks one after another, each through `step` (through_cache, or it compiled:
-        engine.generation.compile_prompt). A layer reads only its own cache, so this is forward
+        engine.generation.compile_prompt); `parts` are a block's before and after its cache
+        (block_input, block_output, or them compiled). A layer reads only its own cache, so
+        this is forward
         called chunk by chunk, up to the GEMMs' rounding, with every weight read once a piece
         instead of once a chunk (docs/PERFORMANCE.md, section 6o).
 
@@ -498,9 +514,8 @@ class Transformer(nn.Module):
                 p = wave - i
                 if i == 0:
                     x[p] = self.tok_embeddings(idx[:, spans[p][0][0]:spans[p][-1][1]])
-                layer = self.layers[i]
                 groups.setdefault((caches[i].alike(), tuple(e - s for s, e in spans[p])), []
-                                  ).append((i, p, layer.attention.qkv(layer.attention_norm(x[p]))))
+                                  ).append((i, p, parts[0](self.layers[i], x[p])))
             stacks = []  # (the stack, its caches, their layers' (i, p, qkv), its output by chunk)
             for members in groups.values():
                 n = caches[members[0][0]].stack_limit
@@ -519,8 +534,7 @@ class Transformer(nn.Module):
                     stack.unstack(own)
                 y = torch.cat(ys, dim=2).chunk(len(own))
                 for (i, p, _), a in zip(part, y):
-                    layer = self.layers[i]
-                    x[p] = layer.after_attention(x[p], layer.attention.out(a))
+                    x[p] = parts[1](self.layers[i], x[p], a)
                     if i == n_layer - 1:
                         last.append(x.pop(p))
         x = torch.cat(last, dim=1)

@@ -192,7 +192,7 @@ class Batcher:
         self.chunk = prefill_chunk(self.caches)  # None: the full cache, any piece length
         self.prefill_tokens = max(prefill_tokens, self.chunk or 2)
         self.step = decode_logits
-        model.step_graph = model.block_step = model.chunk_step = None
+        model.step_graph = model.block_step = model.chunk_step = model.piece_steps = None
         if compile_backend is not None:
             self.step = compile_decode(decode_logits, model, compile_backend, self.caches, slots)
         self.compiled_prefill = compile_prefill

@@ -286,7 +286,7 @@ def test_a_warm_up_compiles_a_wavefront_s_steps(monkeypatch):
     frames = counter.frame_count
     waves = []
     read = model.read_by_layer
-    monkeypatch.setattr(model, "read_by_layer", lambda *a: waves.append(a[-1]) or read(*a))
+    monkeypatch.setattr(model, "read_by_layer", lambda *a: waves.append(a[6]) or read(*a))
     s.append(list(range(1, 200)))
     s.generate(20)
     assert waves == [16] and counter.frame_count == frames

@@ -172,9 +172,11 @@ def test_a_compiled_prompt_chunk_runs_its_blocks_through_one_nested_region(polic
 def test_compiled_prompts_read_layer_by_layer_compile_one_chunk_step(policy, options, graphs):
     """--compile_prefill, caches that compress a chunk in one pass: read_prompt takes the
     prompt layer by layer, each layer's chunks through one compiled step (a graph per cache
-    kind, whatever the layer or the prompt's length), with the tokens of eager prompts."""
+    kind, whatever the layer or the prompt's length), and its pieces' norms, linears and MLP
+    through one graph each (whatever the layer or the piece's length), with the tokens of
+    eager prompts."""
     import engine.generation as G
-    from model import through_cache
+    from model import block_input, block_output, through_cache
     torch._dynamo.reset()
     model = tiny_model(n_layer=4)
     factory = make_cache_factory(policy, cache_size=24, chunk=8, **options)
@@ -184,11 +186,13 @@ def test_compiled_prompts_read_layer_by_layer_compile_one_chunk_step(policy, opt
     gen = Generator(model, 128, make_cache=factory, compile_prefill=True)
     model.chunk_step = torch.compile(through_cache, backend=counter, fullgraph=True,
                                      dynamic=False)
+    model.piece_steps = tuple(torch.compile(f, backend=counter, fullgraph=True, dynamic=True)
+                              for f in (block_input, block_output))
     chunk_graph = []
     gen.prefill_fn = lambda *a: chunk_graph.append(a) or G.prefill(*a)
     assert gen.generate(prompt, 12).new_ids[0] == expected
     gen.generate(prompt + [7] * 19, 2)  # another prompt length: the same graphs
-    assert counter.frame_count == graphs and not chunk_graph
+    assert counter.frame_count == graphs + 2 and not chunk_graph
     torch._dynamo.reset()
 
 
