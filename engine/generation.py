@@ -161,9 +161,22 @@ def compile_prompt(model: Transformer, backend="inductor") -> Callable:
                                      options=COMPRESS_OPTIONS if backend == "inductor" else None)
     # A layer's norms, linears and MLP over a piece of rows: one graph for every layer and
     # every piece length (the warm-up's pieces are shorter than a long prompt's).
-    model.piece_steps = tuple(torch.compile(f, fullgraph=True, dynamic=True, backend=backend)
+    model.piece_steps = tuple(rows_dynamic(torch.compile(f, fullgraph=True, dynamic=False,
+                                                         backend=backend))
                               for f in (block_input, block_output))
     return settling(torch.compile(prefill, fullgraph=True, dynamic=False, backend=backend))
+
+
+def rows_dynamic(graph: Callable) -> Callable:
+    """graph(layer, x [B, T, dim], *y [B, H, T, D]) compiled for any T: only the rows are
+    dynamic (every size dynamic, Inductor copies y's heads element by element through
+    symbolic strides, 14x slower)."""
+    def call(layer, x: Tensor, *y: Tensor):
+        torch._dynamo.maybe_mark_dynamic(x, 1)
+        for t in y:
+            torch._dynamo.maybe_mark_dynamic(t, 2)
+        return graph(layer, x, *y)
+    return call
 
 
 def settling(chunk_graph: Callable) -> Callable:

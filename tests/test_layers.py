@@ -186,7 +186,8 @@ def test_compiled_prompts_read_layer_by_layer_compile_one_chunk_step(policy, opt
     gen = Generator(model, 128, make_cache=factory, compile_prefill=True)
     model.chunk_step = torch.compile(through_cache, backend=counter, fullgraph=True,
                                      dynamic=False)
-    model.piece_steps = tuple(torch.compile(f, backend=counter, fullgraph=True, dynamic=True)
+    model.piece_steps = tuple(G.rows_dynamic(torch.compile(f, backend=counter, fullgraph=True,
+                                                           dynamic=False))
                               for f in (block_input, block_output))
     chunk_graph = []
     gen.prefill_fn = lambda *a: chunk_graph.append(a) or G.prefill(*a)
