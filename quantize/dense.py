@@ -24,6 +24,10 @@ next to the packed one (eager prompt chunks and steps of more rows stay on oneDN
 so `stream_compiled_decode` keeps a plain copy of each block linear's weight: memory for speed,
 only when a compiled few-row decode asks for it. A tied head reads the embedding table itself.
 
+On a CPU with AMX the reverse holds for bfloat16: oneDNN's inner product reads the weight
+faster than the widening reduction, in the compiled step too (8.5% a step; docs/PERFORMANCE.md,
+sections 6x and 6y), so there `stream_compiled_decode` leaves bfloat16 linears on oneDNN.
+
 A CPU without oneDNN's kernel for the dtype (AVX2-only CPUs have no bfloat16 one) keeps the
 plain weight alone: its compiled few-row steps take the same reduction, calls of 8 rows or more
 (prompt chunks) a float32 GEMM over the weight widened for the call, and the rest F.linear.
@@ -45,6 +49,11 @@ WIDEN_ROWS = 8
 # Whether the norms before plain-only streamed linears store their output (read when a step is
 # traced; scripts/decode_ab.py turns it off to measure the step without it).
 STORE_NORMS = True
+# The dtypes whose oneDNN linears a compiled few-row step reads as reductions: not bfloat16 on
+# a CPU with AMX tiles, where oneDNN's kernel streams faster (machine B, AVX512-BF16 without
+# AMX, measured the reverse: docs/PERFORMANCE.md, 6b).
+_AMX = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+STREAMED_DTYPES = (torch.float32,) if _AMX else DTYPES
 
 
 def streamed(x: Tensor) -> bool:
@@ -158,18 +167,20 @@ def pack_dense_linears(model: nn.Module) -> nn.Module:
 def stream_compiled_decode(model: nn.Module) -> int:
     """Keep a plain weight next to every PackedLinear of the model's blocks (a copy), and of a
     head tied to the embedding (the table itself), which a compiled step of at most
-    STREAM_ROWS rows reads as a reduction. An untied head stays on oneDNN: a copy of a large
-    vocabulary's head costs more memory than its step saves. Without oneDNN for the dtype,
-    the norms before those linears store their output once in such a step (a forward hook).
-    Returns the bytes added."""
+    STREAM_ROWS rows reads as a reduction, for the dtypes in STREAMED_DTYPES. An untied head
+    stays on oneDNN: a copy of a large vocabulary's head costs more memory than its step
+    saves. Without oneDNN for the dtype, the norms before those linears store their output
+    once in such a step (a forward hook). Returns the bytes added."""
+    def streams(linear) -> bool:  # oneDNN's only, of a dtype that streams faster
+        return isinstance(linear, PackedLinear) and linear.plain is None and \
+            linear.packed.dtype in STREAMED_DTYPES
     added = 0
     for module in model.layers.modules():
-        if isinstance(module, PackedLinear) and module.plain is None:  # oneDNN's only
+        if streams(module):
             module.plain = module.packed.to_dense()
             added += module.plain.numel() * module.plain.element_size()
     head, table = model.output, model.tok_embeddings.weight
-    if model.args.tie_embeddings and isinstance(head, PackedLinear) and head.plain is None and \
-            table.dtype == head.packed.dtype:
+    if model.args.tie_embeddings and streams(head) and table.dtype == head.packed.dtype:
         head.plain = table.detach()  # the same storage: no bytes added
     # Where oneDNN has no kernel for the dtype (bfloat16 on an AVX2-only CPU), the norms before
     # the streamed linears store their output for them (_store_streamed_input).

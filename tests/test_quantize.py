@@ -442,10 +442,13 @@ def backend_recording(graphs: list):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype, onednn, monkeypatch):
     """onednn=False: as on a CPU without oneDNN's kernel for dtype (an AVX2-only CPU in
-    bfloat16): the same reduction, over the weight itself, and a float32 GEMM for more rows."""
+    bfloat16): the same reduction, over the weight itself, and a float32 GEMM for more rows.
+    (Both dtypes stream here, as on a CPU without AMX: see the next test.)"""
+    import quantize.dense as dense
     from engine.generation import compile_decode, decode_one_token
     from quantize.dense import (STREAM_ROWS, PackedLinear, pack_dense_linears,
                                 stream_compiled_decode)
+    monkeypatch.setattr(dense, "STREAMED_DTYPES", dense.DTYPES)
     if not onednn:
         without_onednn(monkeypatch)
     onednn = onednn and onednn_packs(dtype)
@@ -503,6 +506,39 @@ def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype, onednn,
         torch.testing.assert_close(head(tied.norm, tied.output, x),
                                    run_head(tied.norm, tied.output, x), **tol)
     assert not any("linear" in target for target in graphs[-1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_an_amx_cpu_compiled_bfloat16_steps_stay_on_onednn(dtype, monkeypatch):
+    """Where oneDNN's bfloat16 kernel streams faster than the reduction (a CPU with AMX),
+    a compiled one-row step calls it, and no plain copies are made; float32 still streams,
+    as do plain-only bfloat16 linears (a CPU without oneDNN's bfloat16 kernel)."""
+    import quantize.dense as dense
+    from engine.generation import compile_decode, decode_one_token
+    from model import run_head
+    from quantize.dense import PackedLinear, pack_dense_linears, stream_compiled_decode
+    monkeypatch.setattr(dense, "STREAMED_DTYPES", (torch.float32,))
+    streams = dtype == torch.float32 or not onednn_packs(dtype)
+    m = pack_dense_linears(tiny_model(tie_embeddings=True).to(dtype))
+    compile_decode(decode_one_token, m, backend="eager", rows=1)
+    linears = [mod for mod in m.modules() if isinstance(mod, PackedLinear)]
+    assert len(linears) == 11 and all((lin.plain is not None) == streams for lin in linears)
+    assert stream_compiled_decode(m) == 0
+    graphs = []
+    backend = backend_recording(graphs)
+    head = torch.compile(run_head, fullgraph=True, dynamic=False, backend=backend)
+    step = torch.compile(lambda lin, h: lin(h), fullgraph=True, dynamic=False, backend=backend)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    with torch.inference_mode():
+        x = torch.randn(1, 1, m.args.dim, dtype=dtype)
+        torch.testing.assert_close(head(m.norm, m.output, x), run_head(m.norm, m.output, x),
+                                   **tol)
+        assert any("packed_linear" in t for t in graphs[-1]) != streams, graphs[-1]
+        lin = m.layers[0].feed_forward.w2
+        x = torch.randn(1, 1, lin.in_features, dtype=dtype)
+        torch.testing.assert_close(step(lin, x), F.linear(x.float(), lin.weight.float()).to(dtype),
+                                   **tol)
+        assert any("packed_linear" in t for t in graphs[-1]) != streams, graphs[-1]
 
 
 def test_loaded_float_model_is_packed_and_scores_as_unpacked(default_checkpoint):
