@@ -62,14 +62,23 @@ def streamed(x: Tensor) -> bool:
     return torch.compiler.is_compiling() and x.numel() <= STREAM_ROWS * x.shape[-1]
 
 
-@torch.library.custom_op("regionkv::packed_linear", mutates_args=())
+# The engine's own ops, defined on the dispatcher directly: a compiled step calls them from its
+# wrapper in a few us, where torch.library.custom_op's Python layers took ~8-16
+# (docs/PERFORMANCE.md, sections 6q, 6y).
+_LIB = torch.library.Library("regionkv", "DEF")
+
+# regionkv::packed_linear(x, weight, out_features): x @ W^T with W in oneDNN's layout, opaque to
+# Inductor (it takes such a weight only as a frozen constant).
+_LIB.define("packed_linear(Tensor x, Tensor weight, int out_features) -> Tensor")
+_LIB.impl("packed_linear", lambda x, weight, out_features: torch.ops.mkldnn._linear_pointwise(
+    x, weight, None, "none", [], ""), "CompositeExplicitAutograd")
+torch.library.register_fake(
+    "regionkv::packed_linear",
+    lambda x, weight, out_features: x.new_empty(*x.shape[:-1], out_features), lib=_LIB)
+
+
 def packed_linear(x: Tensor, weight: Tensor, out_features: int) -> Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
-
-
-@packed_linear.register_fake
-def _(x: Tensor, weight: Tensor, out_features: int) -> Tensor:
-    return x.new_empty(*x.shape[:-1], out_features)
+    return torch.ops.regionkv.packed_linear(x, weight, out_features)
 
 
 class PackedLinear(nn.Module):
@@ -118,10 +127,7 @@ class PackedLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-# regionkv::stored(x): a copy that Inductor cannot inline (below). Defined on the dispatcher
-# directly: a compiled step calls it from its wrapper in ~4 us, where torch.library.custom_op's
-# Python layers took ~16 (61 calls a step; docs/PERFORMANCE.md, section 6q).
-_LIB = torch.library.Library("regionkv", "DEF")
+# regionkv::stored(x): a copy that Inductor cannot inline (below); 61 calls a step (6q).
 _LIB.define("stored(Tensor x) -> Tensor")
 _LIB.impl("stored", lambda x: x.clone(), "CPU")  # only CPU steps store norms
 torch.library.register_fake("regionkv::stored", lambda x: torch.empty_like(x), lib=_LIB)

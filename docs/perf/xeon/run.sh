@@ -44,3 +44,13 @@ for step in "${@:-all}"; do case $step in
     run ttft-bf16-4k --dtype bfloat16 --contexts 4096 --cache full,streaming,h2o,weightedkv,keydiff --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on --compile_prefill ;;
   *) ;;
 esac; done
+# Section 6y: bfloat16 linears on oneDNN in compiled steps (AMX), and prompts' pieces compiled
+for step in "${@:-all}"; do case $step in
+  amx|all)
+    run full-1k-bf16-amx --dtype bfloat16 --contexts 1024 --cache full --new_tokens 32 --repeats 3 --compile on
+    run targets-bf16-amx --dtype bfloat16 --contexts 1024,4096 --cache full,$ALL --cache_size 256 --new_tokens 24 --repeats 2 --compile on ;;&
+  pieces|all)
+    run ttft-bf16-4k-pieces --dtype bfloat16 --contexts 4096 --cache full,streaming,h2o,weightedkv,keydiff --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on --compile_prefill
+    run ttft-f32-4k-pieces --contexts 4096 --cache full,streaming,h2o,weightedkv,keydiff --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on --compile_prefill ;;
+  *) ;;
+esac; done
