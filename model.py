@@ -479,9 +479,8 @@ class Transformer(nn.Module):
         piece's chunks one after another, each through `step` (through_cache, or it compiled:
         engine.generation.compile_prompt); `parts` are a block's before and after its cache
         (block_input, block_output, or them compiled). A layer reads only its own cache, so
-        this is forward
-        called chunk by chunk, up to the GEMMs' rounding, with every weight read once a piece
-        instead of once a chunk (docs/PERFORMANCE.md, section 6o).
+        this is forward called chunk by chunk, up to the GEMMs' rounding, with every weight
+        read once a piece instead of once a chunk (docs/PERFORMANCE.md, sections 6o, 6y).
 
         The pieces go as a wavefront: layer l reads piece p at wave p + l, once layer l - 1 has
         read it. In a wave the layers at work take their chunks in step, as one stack of caches

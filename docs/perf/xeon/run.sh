@@ -51,6 +51,8 @@ for step in "${@:-all}"; do case $step in
     run targets-bf16-amx --dtype bfloat16 --contexts 1024,4096 --cache full,$ALL --cache_size 256 --new_tokens 24 --repeats 2 --compile on ;;&
   pieces|all)
     run ttft-bf16-4k-pieces --dtype bfloat16 --contexts 4096 --cache full,streaming,h2o,weightedkv,keydiff --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on --compile_prefill
-    run ttft-f32-4k-pieces --contexts 4096 --cache full,streaming,h2o,weightedkv,keydiff --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on --compile_prefill ;;
+    run ttft-f32-4k-pieces --contexts 4096 --cache full,streaming,h2o,weightedkv,keydiff --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on --compile_prefill ;;&
+  chunked|all)  # the default prompt path (chunks of 32, exact), compiled prompts
+    run ttft-bf16-4k-chunked --dtype bfloat16 --contexts 4096 --cache full,streaming,h2o,weightedkv,keydiff,cam --cache_size 256 --new_tokens 8 --repeats 2 --compile on --compile_prefill ;;
   *) ;;
 esac; done
