@@ -11,7 +11,8 @@ blocked layout streams the weight near the memory bandwidth: 19 ms for one row, 
 
 The packed weight is an opaque `torch._mkldnn` tensor. Inductor takes such a weight only as a
 frozen constant, and the blocks share one compiled graph with their weights as inputs, so the
-call goes through a custom op that compiled code calls as it is.
+call goes through an op of the engine's own (`regionkv::packed_linear`) that compiled code
+calls as it is.
 
     stream_compiled_decode(model)   # before compiling a decode step of at most 2 rows
 
