@@ -5,7 +5,8 @@
 
 Two untimed reads warm it, then one read under the profiler prints the events with the most
 self time. Environment: KP=1 names each generated kernel (Inductor's kernel profile), TOP=N
-rows, PIECE=N sets engine.generation.PREFILL_PIECE (the rows a layer's linears read at once).
+rows, PIECE=N sets engine.generation.PREFILL_PIECE (the rows a layer's linears read at once),
+COMPRESSION=chunked the default prompt path instead of bulk.
 """
 import os
 import sys
@@ -27,7 +28,8 @@ policy, dtype, ctx = sys.argv[1], sys.argv[2], int(sys.argv[3])
 chunk = int(sys.argv[4]) if len(sys.argv) > 4 else 128
 model = load_model(resolve_checkpoint(None), dtype=DTYPES[dtype])
 factory = make_cache_factory("full") if policy == "full" else make_cache_factory(
-    policy, cache_size=256, prompt_compression="bulk", chunk=chunk)
+    policy, cache_size=256, chunk=chunk,
+    prompt_compression=os.environ.get("COMPRESSION", "bulk"))
 gen = G.Generator(model, ctx + 10, make_cache=factory, compile=True, compile_prefill=True)
 gen.warmup(0.0, None)
 prompt = [100 + (i * 7919) % 40000 for i in range(ctx)]  # token ids: their text does not matter
