@@ -24,8 +24,9 @@ sees the machine in the same state:
     customop      the engine's step with the norms' copies through torch.library.custom_op,
                   in the model dtype, as they were before section 6q
     onednn        the engine's step with every linear on oneDNN's packed kernel, none read as
-                  a reduction over the plain weight (section 6x: on an AVX512-BF16 CPU
-                  oneDNN's bfloat16 kernel streams faster than the reduction, alone)
+                  a reduction over the plain weight (section 6x: on an AMX CPU oneDNN's
+                  bfloat16 kernel streams faster; there the engine's own bfloat16 step since
+                  6y, and this variant the same as "graph")
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.

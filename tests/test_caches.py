@@ -286,6 +286,7 @@ def test_a_warm_up_compiles_a_wavefront_s_steps(monkeypatch):
     frames = counter.frame_count
     waves = []
     read = model.read_by_layer
+    # read_prompt passes read_by_layer's arguments in order: the 7th is the piece
     monkeypatch.setattr(model, "read_by_layer", lambda *a: waves.append(a[6]) or read(*a))
     s.append(list(range(1, 200)))
     s.generate(20)
