@@ -1,7 +1,7 @@
 import torch
 from torch import Tensor
 
-from caches.region import FAR, RegionCache
+from caches.region import FAR, RegionCache, smallest
 
 
 class WeightedKVCache(RegionCache):
@@ -46,24 +46,44 @@ class WeightedKVCache(RegionCache):
         stay, so a run of victims merges into one neighbour r:
         V_r <- (s_r V_r + sum_j s_j V_j) / (s_r + sum_j s_j)."""
         if self.merge:
-            into = self.into_survivor(victims, do)           # [B, H, K, C] one-hot
-            s = self.score(cur)                             # [B, H, C]
-            s_j = s.gather(-1, victims) * do               # [B, H, K]
-            w = into.float() * s_j.unsqueeze(-1)           # [B, H, K, C]
-            num = w.transpose(-1, -2) @ self.read_v(victims)  # [B, H, C, D]
-            total = w.sum(2) + s
+            run, order, first, into = self.runs(victims, do)
+            s = self.score(cur)
+            vic = victims.gather(-1, order)
+            s_j = torch.where(run < FAR, s.gather(-1, vic), 0.0)            # [B, H, K]
+            # Each victim's run sums, by one [K x K] product over the victims in run order.
+            same = (run.unsqueeze(-1) == run.unsqueeze(-2)).float()     # [B, H, K, K]
+            num = same @ (s_j.unsqueeze(-1) * self.read_v(vic))         # [B, H, K, D]
+            D = num.shape[-1]
+            num = num.gather(2, first.unsqueeze(-1).expand(*first.shape, D))  # [B, H, C, D]
+            total = torch.where(into, (same * s_j.unsqueeze(-2)).sum(-1).gather(-1, first), 0.0)
+            total = total + s
             merged = (num + s.unsqueeze(-1) * self.all_values()) / \
                 total.clamp(min=1e-30).unsqueeze(-1)
-            self.write_all_v(merged, into.any(2) & (total > 0))
+            self.write_all_v(merged, into & (total > 0))
         super().remove_bulk(victims, do, cur)
 
-    def into_survivor(self, victims: Tensor, do: Tensor) -> Tensor:
-        """One-hot [B, H, K, C] of each going victim's right neighbour among the tokens that
-        stay (the next retained position)."""
-        later = self.later_survivors(victims, do)
-        r = torch.where(later, self.pos.unsqueeze(2), FAR).argmin(dim=-1, keepdim=True)
-        slot = torch.arange(self.pos.shape[-1], device=victims.device)
-        return (slot == r) & do.unsqueeze(-1) & later.any(dim=-1, keepdim=True)
+    def runs(self, victims: Tensor, do: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The going victims [B, H, K] grouped by the token that stays after them, with no
+        [victims x slots] search: the tokens that stay sorted by position, each victim's
+        neighbour is the first later one (a binary search). Returns run [B, H, K] (the
+        neighbour's rank among the tokens that stay, ascending; FAR for a victim that does not
+        merge), order [B, H, K] (the victims in that order, ties by position), first [B, H, C]
+        (each slot's first victim in that order that merges into it) and into [B, H, C]
+        (whether any does)."""
+        C = self.pos.shape[-1]
+        gone = torch.zeros_like(self.pos, dtype=torch.bool).scatter(-1, victims, do)
+        key = torch.where((self.pos >= 0) & ~gone, self.pos, FAR)
+        by_pos, slot = key.topk(C, dim=-1, largest=False)  # the tokens that stay first
+        ar = torch.arange(C, device=victims.device).expand_as(slot)
+        rank = torch.zeros_like(slot).scatter(-1, slot, ar)  # each slot's, [B, H, C]
+        p_j = self.pos.gather(-1, victims)
+        at = torch.searchsorted(by_pos, p_j, right=True)  # the first later token that stays
+        merges = do & (at < C) & (by_pos.gather(-1, at.clamp(max=C - 1)) < FAR)
+        at = torch.where(merges, at, FAR)
+        order = smallest(at * 2**32 + p_j.long(), victims.shape[-1])
+        run = at.gather(-1, order)
+        first = torch.searchsorted(run, rank).clamp(max=victims.shape[-1] - 1)
+        return run, order, first, run.gather(-1, first) == rank
 
 
 class WeightedKVEvictCache(WeightedKVCache):

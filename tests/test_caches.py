@@ -772,6 +772,47 @@ def test_weightedkv_bulk_pass_merges_a_run_of_victims_into_one_neighbour(int8):
     assert torch.allclose(value_at(cache, 6), torch.full((4,), value[6]))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_weightedkv_bulk_merge_matches_a_victim_by_victim_reference(seed):
+    """Random slots, positions, statistics and victims (two rows, two heads, some empty slots,
+    some victims that stay): each going victim's s_j V_j lands on the next position that
+    stays, as a loop over the victims computes it; nothing else changes."""
+    g = torch.Generator().manual_seed(seed)
+    cache = standalone(WeightedKVCache, sink=2, window=6, middle=10, chunk=8, B=2, H=2,
+                       prompt_compression="bulk")
+    B, H, C = cache.pos.shape
+    for b in range(B):
+        for h in range(H):
+            cache.pos[b, h] = torch.randperm(200, generator=g)[:C].int()
+            cache.pos[b, h, torch.randperm(C, generator=g)[:3]] = -1  # empty slots
+    cache.acc.copy_(torch.rand(B, H, C, generator=g))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
+    K = 8
+    victims = torch.stack([torch.randperm(C, generator=g)[:K] for _ in range(B * H)])
+    victims = victims.view(B, H, K)
+    do = (torch.rand(B, H, K, generator=g) < 0.8) & (cache.pos.gather(-1, victims) >= 0)
+    cur = torch.full((B, 1, 1), 250)
+    pos, v = cache.pos.clone(), cache.v.clone()
+    s = cache.score(cur)
+    cache.remove_bulk(victims, do, cur)
+    expected = v.clone()
+    for b in range(B):
+        for h in range(H):
+            going = {int(j) for j, d in zip(victims[b, h], do[b, h]) if d}
+            stays = [c for c in range(C) if pos[b, h, c] >= 0 and c not in going]
+            num, total = {}, {}
+            for j in going:
+                later = [c for c in stays if pos[b, h, c] > pos[b, h, j]]
+                if later:
+                    r = min(later, key=lambda c: int(pos[b, h, c]))
+                    num[r] = num.get(r, 0) + s[b, h, j] * v[b, h, j]
+                    total[r] = total.get(r, 0) + s[b, h, j]
+            for r in num:
+                expected[b, h, r] = (num[r] + s[b, h, r] * v[b, h, r]) / (total[r] + s[b, h, r])
+            assert (cache.pos[b, h] == -1).sum() == (pos[b, h] == -1).sum() + len(going)
+    assert torch.allclose(cache.v, expected, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", ["weightedkv", "cam", "lagkv", "knorm"])
 def test_bulk_prompt_compression_compiled_matches_eager(name):
     torch._dynamo.reset()
