@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from quantize.dense import stored
+from quantize.dense import exact_matmul, stored
 from quantize.kv import codes
 
 
@@ -212,7 +212,7 @@ class KVSegment(NamedTuple):
             # The keys are read once and widened in registers; a matmul would pay a call's
             # setup for a few rows.
             return (q.float().unsqueeze(-2) * self.k.unsqueeze(-3).float()).sum(-1)
-        return q.float() @ self.k.float().transpose(-1, -2)
+        return exact_matmul(q, self.k.transpose(-1, -2))
 
     def mix(self, probs: Tensor) -> Tensor:
         """probs [B, Hkv, M, S] (float32) -> probs @ V [B, Hkv, M, D] in float32."""

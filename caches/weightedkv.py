@@ -1,7 +1,7 @@
 import torch
 from torch import Tensor
 
-from caches.region import FAR, RegionCache, smallest
+from caches.region import FAR, RegionCache
 
 
 class WeightedKVCache(RegionCache):
@@ -46,15 +46,15 @@ class WeightedKVCache(RegionCache):
         stay, so a run of victims merges into one neighbour r:
         V_r <- (s_r V_r + sum_j s_j V_j) / (s_r + sum_j s_j)."""
         if self.merge:
-            run, order, first, into = self.runs(victims, do)
+            run, first = self.runs(victims, do)
+            K = victims.shape[-1]
             s = self.score(cur)
-            vic = victims.gather(-1, order)
-            s_j = torch.where(run < FAR, s.gather(-1, vic), 0.0)            # [B, H, K]
-            # Each victim's run sums, by one [K x K] product over the victims in run order.
+            s_j = torch.where(run < first.shape[-1], s.gather(-1, victims), 0.0)   # [B, H, K]
+            # Each victim's run sums, by one [K x K] product.
             same = (run.unsqueeze(-1) == run.unsqueeze(-2)).float()     # [B, H, K, K]
-            num = same @ (s_j.unsqueeze(-1) * self.read_v(vic))         # [B, H, K, D]
-            D = num.shape[-1]
-            num = num.gather(2, first.unsqueeze(-1).expand(*first.shape, D))  # [B, H, C, D]
+            num = same @ (s_j.unsqueeze(-1) * self.read_v(victims))     # [B, H, K, D]
+            into, first = first < K, first.clamp(max=K - 1)              # [B, H, C]
+            num = num.gather(2, first.unsqueeze(-1).expand(*first.shape, num.shape[-1]))
             total = torch.where(into, (same * s_j.unsqueeze(-2)).sum(-1).gather(-1, first), 0.0)
             total = total + s
             merged = (num + s.unsqueeze(-1) * self.all_values()) / \
@@ -62,28 +62,25 @@ class WeightedKVCache(RegionCache):
             self.write_all_v(merged, into & (total > 0))
         super().remove_bulk(victims, do, cur)
 
-    def runs(self, victims: Tensor, do: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """The going victims [B, H, K] grouped by the token that stays after them, with no
-        [victims x slots] search: the tokens that stay sorted by position, each victim's
-        neighbour is the first later one (a binary search). Returns run [B, H, K] (the
-        neighbour's rank among the tokens that stay, ascending; FAR for a victim that does not
-        merge), order [B, H, K] (the victims in that order, ties by position), first [B, H, C]
-        (each slot's first victim in that order that merges into it) and into [B, H, C]
-        (whether any does)."""
-        C = self.pos.shape[-1]
+    def runs(self, victims: Tensor, do: Tensor) -> tuple[Tensor, Tensor]:
+        """The going victims [B, H, K] grouped by the token that stays after them, without a
+        [victims x slots] search: with the tokens that stay sorted by position, a victim's
+        neighbour is the first later one (a binary search). Returns run [B, H, K], the
+        neighbour's rank among the tokens that stay (C for a victim that does not merge), and
+        first [B, H, C], each slot's first victim that merges into it (K if none)."""
+        C, K = self.pos.shape[-1], victims.shape[-1]
         gone = torch.zeros_like(self.pos, dtype=torch.bool).scatter(-1, victims, do)
         key = torch.where((self.pos >= 0) & ~gone, self.pos, FAR)
         by_pos, slot = key.topk(C, dim=-1, largest=False)  # the tokens that stay first
-        ar = torch.arange(C, device=victims.device).expand_as(slot)
-        rank = torch.zeros_like(slot).scatter(-1, slot, ar)  # each slot's, [B, H, C]
-        p_j = self.pos.gather(-1, victims)
-        at = torch.searchsorted(by_pos, p_j, right=True)  # the first later token that stays
+        ar = torch.arange(max(C, K), device=victims.device)
+        rank = torch.zeros_like(slot).scatter(-1, slot, ar[:C].expand_as(slot))  # [B, H, C]
+        at = torch.searchsorted(by_pos, self.pos.gather(-1, victims), right=True)
         merges = do & (at < C) & (by_pos.gather(-1, at.clamp(max=C - 1)) < FAR)
-        at = torch.where(merges, at, FAR)
-        order = smallest(at * 2**32 + p_j.long(), victims.shape[-1])
-        run = at.gather(-1, order)
-        first = torch.searchsorted(run, rank).clamp(max=victims.shape[-1] - 1)
-        return run, order, first, run.gather(-1, first) == rank
+        run = torch.where(merges, at, C)
+        # The lowest victim index of each run (a minimum: the same whatever order it runs in).
+        first = torch.full_like(rank[..., :1], K).expand(*rank.shape[:-1], C + 1).scatter_reduce(
+            -1, run, ar[:K].expand_as(run), "amin")
+        return run, first.gather(-1, rank)
 
 
 class WeightedKVEvictCache(WeightedKVCache):

@@ -541,6 +541,29 @@ def test_on_an_amx_cpu_compiled_bfloat16_steps_stay_on_onednn(dtype, monkeypatch
         assert any("packed_linear" in t for t in graphs[-1]) != streams, graphs[-1]
 
 
+def test_exact_matmul_of_bfloat16_is_the_float32_product_and_leaves_the_math_mode():
+    """regionkv::exact_matmul (attention's scores over a prompt chunk, in bfloat16 on an AMX
+    CPU) lets oneDNN compute from the bfloat16 values: as exact as the float32 product (both
+    against float64), where a bfloat16 matmul's rounded output is not; the global math mode is
+    back as it was, and compiled code calls the op."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, 96, 64, generator=g).bfloat16()
+    k = torch.randn(2, 3, 64, 130, generator=g).bfloat16()
+    exact = q.double() @ k.double()
+    mode = torch.backends.mkldnn.matmul.fp32_precision
+    got = torch.ops.regionkv.exact_matmul(q, k)
+    assert got.dtype == torch.float32 and got.shape == (2, 3, 96, 130)
+    assert torch.backends.mkldnn.matmul.fp32_precision == mode
+    float32_error = ((q.float() @ k.float()).double() - exact).abs().max()
+    assert (got.double() - exact).abs().max() <= 2 * float32_error
+    assert ((q @ k).double() - exact).abs().max() > 100 * float32_error
+    graphs = []
+    f = torch.compile(lambda a, b: torch.ops.regionkv.exact_matmul(a, b).exp(), fullgraph=True,
+                      backend=backend_recording(graphs))
+    torch.testing.assert_close(f(q, k), got.exp())
+    assert "regionkv.exact_matmul" in graphs[-1]
+
+
 def test_loaded_float_model_is_packed_and_scores_as_unpacked(default_checkpoint):
     from engine.generation import model_fingerprint
     from quantize.dense import PackedLinear
