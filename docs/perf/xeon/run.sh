@@ -53,6 +53,10 @@ for step in "${@:-all}"; do case $step in
     run ttft-bf16-4k-pieces --dtype bfloat16 --contexts 4096 --cache full,streaming,h2o,weightedkv,keydiff --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on --compile_prefill
     run ttft-f32-4k-pieces --contexts 4096 --cache full,streaming,h2o,weightedkv,keydiff --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on --compile_prefill ;;&
   chunked|all)  # the default prompt path (chunks of 32, exact), compiled prompts
-    run ttft-bf16-4k-chunked --dtype bfloat16 --contexts 4096 --cache full,streaming,h2o,weightedkv,keydiff,cam --cache_size 256 --new_tokens 8 --repeats 2 --compile on --compile_prefill ;;
+    run ttft-bf16-4k-chunked --dtype bfloat16 --contexts 4096 --cache full,streaming,h2o,weightedkv,keydiff,cam --cache_size 256 --new_tokens 8 --repeats 2 --compile on --compile_prefill ;;&
+  runs|all)  # 6z: weightedkv's merge by runs, exact bfloat16 scores (before: the code of 6y)
+    run ttft-bf16-4k-runs-after-1 --dtype bfloat16 --contexts 4096 --cache full,h2o,weightedkv --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 3 --compile on --compile_prefill
+    run ttft-f32-4k-runs --contexts 4096 --cache full,h2o,weightedkv --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on --compile_prefill
+    run ttft-bf16-4k-chunked-runs --dtype bfloat16 --contexts 4096 --cache full,h2o,weightedkv --cache_size 256 --new_tokens 8 --repeats 2 --compile on --compile_prefill ;;
   *) ;;
 esac; done
