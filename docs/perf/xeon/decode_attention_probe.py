@@ -1,0 +1,52 @@
+"""Probe (PERFORMANCE 6z): one layer's compiled decode attention as the step's reductions read
+it (3 KV heads, 3 query rows each, head dim 64, bfloat16 keys and values over S slots), its
+scores and its mix alone, and SDPA on the same shapes:
+
+    python docs/perf/xeon/decode_attention_probe.py [S]
+
+Prints µs a call (the best of five runs of 200) and the bytes of K and V read per second.
+"""
+import sys
+import time
+
+import torch
+
+torch.set_num_threads(2)
+S = int(sys.argv[1]) if len(sys.argv) > 1 else 4120
+g = torch.Generator().manual_seed(0)
+q = torch.randn(1, 3, 3, 64, generator=g).bfloat16()
+k = torch.randn(1, 3, S, 64, generator=g).bfloat16()
+v = torch.randn(1, 3, S, 64, generator=g).bfloat16()
+
+
+def attention(q, k, v):  # as model.KVSegment.scores / mix for few rows (REDUCE_ROWS)
+    s = (q.float().unsqueeze(-2) * k.unsqueeze(-3).float()).sum(-1) / 8
+    p = torch.softmax(s, -1)
+    return (p.unsqueeze(-1) * v.unsqueeze(-3).float()).sum(-2)
+
+
+def scores(q, k, v):
+    return (q.float().unsqueeze(-2) * k.unsqueeze(-3).float()).sum(-1)
+
+
+def mix(q, k, v):
+    p = torch.full((1, 3, 3, S), 1.0 / S)
+    return (p.unsqueeze(-1) * v.unsqueeze(-3).float()).sum(-2)
+
+
+def sdpa(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+for name, f, nbytes in (("attention", attention, 2), ("scores", scores, 1), ("mix", mix, 1),
+                        ("sdpa", sdpa, 2)):
+    c = torch.compile(f, fullgraph=True, dynamic=False)
+    for _ in range(20):
+        c(q, k, v)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(200):
+            c(q, k, v)
+        best = min(best, (time.perf_counter() - t) / 200)
+    print(f"{name:10s} {best * 1e6:7.1f} µs  {nbytes * k.numel() * 2 / best / 1e9:5.1f} GB/s")
