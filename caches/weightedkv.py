@@ -46,17 +46,17 @@ class WeightedKVCache(RegionCache):
         stay, so a run of victims merges into one neighbour r:
         V_r <- (s_r V_r + sum_j s_j V_j) / (s_r + sum_j s_j)."""
         if self.merge:
+            C, K = self.pos.shape[-1], victims.shape[-1]
             run, first = self.runs(victims, do)
-            K = victims.shape[-1]
-            s = self.score(cur)
-            s_j = torch.where(run < first.shape[-1], s.gather(-1, victims), 0.0)   # [B, H, K]
-            # Each victim's run sums, by one [K x K] product.
-            same = (run.unsqueeze(-1) == run.unsqueeze(-2)).float()     # [B, H, K, K]
-            num = same @ (s_j.unsqueeze(-1) * self.read_v(victims))     # [B, H, K, D]
-            into, first = first < K, first.clamp(max=K - 1)              # [B, H, C]
+            into, first = first < K, first.clamp(max=K - 1)                 # [B, H, C]
+            s = self.score(cur)                                             # [B, H, C]
+            s_j = torch.where(run < C, s.gather(-1, victims), 0.0)          # [B, H, K]
+            # A run's sums by one [K x K] product; a slot reads its run's at the run's first.
+            same = (run.unsqueeze(-1) == run.unsqueeze(-2)).float()        # [B, H, K, K]
+            num = same @ (s_j.unsqueeze(-1) * self.read_v(victims))        # [B, H, K, D]
             num = num.gather(2, first.unsqueeze(-1).expand(*first.shape, num.shape[-1]))
-            total = torch.where(into, (same * s_j.unsqueeze(-2)).sum(-1).gather(-1, first), 0.0)
-            total = total + s
+            runs_s = (same * s_j.unsqueeze(-2)).sum(-1).gather(-1, first)   # [B, H, C]
+            total = s + torch.where(into, runs_s, 0.0)
             merged = (num + s.unsqueeze(-1) * self.all_values()) / \
                 total.clamp(min=1e-30).unsqueeze(-1)
             self.write_all_v(merged, into & (total > 0))
@@ -78,8 +78,8 @@ class WeightedKVCache(RegionCache):
         merges = do & (at < C) & (by_pos.gather(-1, at.clamp(max=C - 1)) < FAR)
         run = torch.where(merges, at, C)
         # The lowest victim index of each run (a minimum: the same whatever order it runs in).
-        first = torch.full_like(rank[..., :1], K).expand(*rank.shape[:-1], C + 1).scatter_reduce(
-            -1, run, ar[:K].expand_as(run), "amin")
+        first = torch.full((*rank.shape[:-1], C + 1), K, dtype=rank.dtype, device=rank.device)
+        first = first.scatter_reduce(-1, run, ar[:K].expand_as(run), "amin")
         return run, first.gather(-1, rank)
 
 
