@@ -1,6 +1,7 @@
 """Probe (PERFORMANCE 6z): one layer's compiled decode attention as the step's reductions read
 it (3 KV heads, 3 query rows each, head dim 64, bfloat16 keys and values over S slots), its
-scores and its mix alone, and SDPA on the same shapes:
+scores and its mix alone, and SDPA on the same shapes; then the variants 6z measured: one
+reduction a query row (`rows`), and the keys laid out along the slots (`keys along slots`):
 
     python docs/perf/xeon/decode_attention_probe.py [S]
 
@@ -38,8 +39,33 @@ def sdpa(q, k, v):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
 
+def scores_rows(q, k, v):  # one reduction a query row: Inductor reads each key once for all
+    return torch.stack([(row.float().unsqueeze(-2) * k.float()).sum(-1) for row in q.unbind(-2)],
+                       dim=-2)
+
+
+def attention_rows(q, k, v):
+    p = torch.softmax(scores_rows(q, k, v) / 8, -1)
+    return torch.stack([(row.unsqueeze(-1) * v.float()).sum(-2) for row in p.unbind(-2)], dim=-2)
+
+
+kt = k.transpose(-1, -2).contiguous()  # [1, 3, 64, S]
+
+
+def scores_along_slots(q, k, v):
+    return (q.float().unsqueeze(-1) * kt.unsqueeze(-3).float()).sum(-2)
+
+
+def scores_rows_along_slots(q, k, v):
+    return torch.stack([(row.float().unsqueeze(-1) * kt.float()).sum(-2) for row in q.unbind(-2)],
+                       dim=-2)
+
+
 for name, f, nbytes in (("attention", attention, 2), ("scores", scores, 1), ("mix", mix, 1),
-                        ("sdpa", sdpa, 2)):
+                        ("sdpa", sdpa, 2), ("attention, rows", attention_rows, 2),
+                        ("scores, rows", scores_rows, 1),
+                        ("scores, keys along slots", scores_along_slots, 1),
+                        ("scores, rows, keys along slots", scores_rows_along_slots, 1)):
     c = torch.compile(f, fullgraph=True, dynamic=False)
     for _ in range(20):
         c(q, k, v)
@@ -49,4 +75,4 @@ for name, f, nbytes in (("attention", attention, 2), ("scores", scores, 1), ("mi
         for _ in range(200):
             c(q, k, v)
         best = min(best, (time.perf_counter() - t) / 200)
-    print(f"{name:10s} {best * 1e6:7.1f} µs  {nbytes * k.numel() * 2 / best / 1e9:5.1f} GB/s")
+    print(f"{name:30s} {best * 1e6:7.1f} µs  {nbytes * k.numel() * 2 / best / 1e9:5.1f} GB/s")
