@@ -1,7 +1,9 @@
 """Probe (PERFORMANCE 6y): weightedkv's bulk merge for one layer and chunk (3 heads, 385 slots,
-128 victims, D = 64, random distinct positions), compiled, three ways: the engine's one-hot
-[victims x slots] sums (`remove_bulk`), the right neighbour found by position order instead
-(a full sort and a running min), and the neighbour by argmin with the sums by scatter_add.
+128 victims, D = 64, random distinct positions), compiled, three ways: the one-hot
+[victims x slots] sums that `remove_bulk` used at 6y, the right neighbour found by position
+order instead (a full sort and a running min), and the neighbour by argmin with the sums by
+scatter_add. 6z replaced the first in the engine by the merge by runs
+(`WeightedKVCache.runs`; `chunk_probe.py` times it in the chunk step).
 
     python docs/perf/xeon/merge_probe.py
 """
@@ -20,13 +22,13 @@ do = torch.rand(B, H, K, generator=g) < 0.9
 s, v = torch.rand(B, H, C, generator=g), torch.randn(B, H, C, D, generator=g)
 
 
-def later_survivors(pos, victims, do):  # as caches/region.py
+def later_survivors(pos, victims, do):  # as caches/region.py (CaM's bulk pass)
     gone = torch.zeros_like(pos, dtype=torch.bool).scatter(-1, victims, do)
     stays = (pos >= 0) & ~gone
     return stays.unsqueeze(2) & (pos.unsqueeze(2) > pos.gather(-1, victims).unsqueeze(-1))
 
 
-def onehot_argmin(pos, victims, do):  # as caches/weightedkv.py
+def onehot_argmin(pos, victims, do):  # as caches/weightedkv.py had it at 6y
     later = later_survivors(pos, victims, do)
     r = torch.where(later, pos.unsqueeze(2), FAR).argmin(dim=-1, keepdim=True)
     return (torch.arange(C) == r) & do.unsqueeze(-1) & later.any(dim=-1, keepdim=True)
@@ -66,7 +68,7 @@ def sums_scatter(pos, victims, do, s, v):
 
 
 args = (pos, victims, do, s, v)
-runs = {"one-hot, argmin (engine)": sums_onehot(onehot_argmin),
+runs = {"one-hot, argmin (6y)": sums_onehot(onehot_argmin),
         "one-hot, position order": sums_onehot(onehot_sorted), "scatter_add": sums_scatter}
 outs = {}
 for name, f in runs.items():
@@ -81,7 +83,7 @@ for name, f in runs.items():
             c(*args)
         best = min(best, (time.perf_counter() - t) / 300)
     print(f"{name:26s} {best * 1e6:7.1f} us")
-ref = outs["one-hot, argmin (engine)"]
+ref = outs["one-hot, argmin (6y)"]
 for name, o in outs.items():
-    print(f"{name:26s} max |num - engine's| {(o[0] - ref[0]).abs().max():.2e}, "
+    print(f"{name:26s} max |num - 6y's| {(o[0] - ref[0]).abs().max():.2e}, "
           f"totals {(o[1] - ref[1]).abs().max():.2e}, merged slots equal {torch.equal(o[2], ref[2])}")
