@@ -30,10 +30,10 @@ from model import Transformer, block_input, block_output, through_cache
 from quantize.dense import STREAM_ROWS, stream_compiled_decode
 
 MIN_PREFILL_BUCKET = 16
-# Prompt rows a layer reads at once when its cache compresses chunk by chunk in one pass, and
-# the most when it takes token steps (a wavefront: Transformer.read_by_layer, layer_piece);
-# BY_LAYER off: chunk by chunk through every layer, to measure. A 4k prompt in one piece: on
-# an AMX CPU a GEMM of 1,024 rows pays per call what one of 4,096 does not (PERFORMANCE 6y).
+# The most prompt rows a layer reads at once in a wavefront (Transformer.read_by_layer,
+# layer_piece): PREFILL_PIECE where its cache compresses chunk by chunk in one pass (on an AMX
+# CPU a GEMM of 1,024 rows pays per call what one of 4,096 does not, PERFORMANCE 6y),
+# WAVE_PIECE where it takes token steps; BY_LAYER off: chunk by chunk through every layer.
 PREFILL_PIECE = 4096
 WAVE_PIECE = 256
 BY_LAYER = True
@@ -247,18 +247,15 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
     if BY_LAYER and piece is None:
         piece = layer_piece(caches, chunk, whole, len(model.layers))
     if BY_LAYER and piece is not None and whole > chunk:
-        # Layer by layer: each layer's linears read a piece of rows at once instead of a
-        # chunk's 32 (the same values): one piece after another where every cache compresses
-        # a chunk in one pass, the whole prompt as one wavefront where caches take token steps.
-        span = piece if not any(c.takes_token_steps(chunk) for c in caches) else whole
+        # Layer by layer, the whole prompt as one wavefront: each layer's linears read a
+        # piece of rows at once instead of a chunk's (the same values), and the layers at
+        # work on their pieces take their chunks as one stack.
         through = model.chunk_step if compiled and model.chunk_step else through_cache
         parts = model.piece_steps if compiled and model.piece_steps else \
             (block_input, block_output)
-        for s in range(0, whole, span):
-            e = min(s + span, whole)
-            logits = model.read_by_layer(tokens[:, s:e], start + torch.arange(s, e, device=dev),
-                                         caches, chunk, torch.tensor([e - s - 1], device=dev),
-                                         through, piece, parts)[:, -1]
+        logits = model.read_by_layer(tokens[:, :whole], start + torch.arange(whole, device=dev),
+                                     caches, chunk, torch.tensor([whole - 1], device=dev),
+                                     through, piece, parts)[:, -1]
     else:
         last = torch.tensor([chunk - 1], device=dev)
         for c in range(n_chunks):
@@ -278,16 +275,18 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
 
 def layer_piece(caches, chunk: int, rows: int, n_layer: int) -> Optional[int]:
     """The piece of prompt rows that each layer's linears read at once when `rows` rows (whole
-    chunks) are read layer by layer (Transformer.read_by_layer), or None: chunk by chunk
-    through every layer. One-pass caches take PREFILL_PIECE rows. Token-step caches go as a
-    wavefront, whose filling and draining add (n_layer - 1) pieces of token steps, each a call
-    (the layers at work share it): pieces of up to WAVE_PIECE rows and no more than
+    chunks) are read layer by layer as a wavefront (Transformer.read_by_layer), or None: chunk
+    by chunk through every layer. One-pass caches take half the prompt, at most PREFILL_PIECE
+    rows: two layers at work from the second wave on halve the chunk steps' calls, and pieces
+    of thousands of rows keep the linears' GEMMs large (docs/PERFORMANCE.md, section 6za).
+    Token-step caches, whose filling and draining add (n_layer - 1) pieces of token steps,
+    each a call (the layers at work share it): pieces of up to WAVE_PIECE rows and no more than
     2 rows / (n_layer - 1), so that they at most triple the prompt's own; under two chunks the
-    wavefront does not pay, and the chunks go in order (docs/PERFORMANCE.md, section 6s)."""
+    wavefront does not pay, and the chunks go in order (section 6s)."""
     if rows <= chunk:
         return None
     if not any(c.takes_token_steps(chunk) for c in caches):
-        return max(1, PREFILL_PIECE // chunk) * chunk
+        return min(max(1, PREFILL_PIECE // chunk), -(-rows // chunk // 2)) * chunk
     piece = min(WAVE_PIECE, 2 * rows // max(1, n_layer - 1)) // chunk * chunk
     return piece if piece >= 2 * chunk else None
 
@@ -524,11 +523,10 @@ class Session:
             self.reset()
             # two chunks where they fit: a prompt read layer by layer compiles its chunk step
             self.append([0] * (2 * chunk if 2 * chunk < self.max_seq_length else chunk))
-        if chunk is not None and 3 * chunk < self.max_seq_length and \
-                any(c.takes_token_steps(chunk) for c in self.caches):
-            # A long prompt of token-step caches goes as a wavefront (read_prompt): three
-            # chunks in pieces of one put a cache alone and a stack of layers to work, so that
-            # the steps of both compile here.
+        if chunk is not None and 3 * chunk < self.max_seq_length and BY_LAYER:
+            # A long prompt goes as a wavefront (read_prompt): three chunks in pieces of one
+            # put a cache alone and a stack of layers to work, so that the steps of both
+            # compile here.
             self.reset()
             with torch.inference_mode():
                 read_prompt(self.model, self.caches,

@@ -264,7 +264,9 @@ def test_a_warm_up_compiles_lagkv_with_and_without_scoring():
     s.decode_fn = compile_decode(decode_one_token, model, backend=counter, caches=s.caches)
     s.warmup()
     frames = counter.frame_count
-    assert frames == 3  # the step with and without scoring, a chunk's compression step
+    # the step with and without scoring, a chunk's compression pass alone and stacked (a
+    # wavefront's layers at work)
+    assert frames == 4
     s.append(list(range(1, 30)))
     s.generate(80)
     assert counter.frame_count == frames
@@ -1019,20 +1021,18 @@ def test_a_prompt_read_layer_by_layer_is_read_chunk_by_chunk(name, kw, piece):
             assert_same_caches(chunked, layered)
 
 
-@pytest.mark.parametrize("name,kw,reads", [
-    ("streaming", {}, [24, 24, 8]),
-    ("h2o", {}, [24, 24, 8]),
-    ("weightedkv", {"prompt_compression": "bulk"}, [24, 24, 8]),
-    ("weightedkv", {}, [56]),  # token steps: a wavefront over the whole prompt
-    ("cam", {}, [56]),
+@pytest.mark.parametrize("name,kw,piece", [
+    ("streaming", {}, 24),
+    ("h2o", {}, 24),
+    ("weightedkv", {"prompt_compression": "bulk"}, 24),
+    ("weightedkv", {}, 16),  # token steps
+    ("cam", {}, 16),
 ])
-def test_read_prompt_reads_layer_by_layer_in_pieces_or_as_a_wavefront(name, kw, reads,
-                                                                        monkeypatch):
-    """read_prompt reads a 61-token prompt (chunks of 8) layer by layer: in pieces of 24 rows
-    one after another (24, 24, 8; then 5 tokens one by one) where every cache compresses a
-    chunk in one pass, and where a cache takes token steps as one wavefront of pieces of 16
-    rows over the 56; the logits and caches of BY_LAYER off (chunk by chunk through every
-    layer)."""
+def test_read_prompt_reads_layer_by_layer_as_a_wavefront(name, kw, piece, monkeypatch):
+    """read_prompt reads a 61-token prompt (chunks of 8) layer by layer, as one wavefront over
+    its 56 rows of whole chunks (then 5 tokens one by one): in pieces of 24 rows (24, 24, 8)
+    where every cache compresses a chunk in one pass, of 16 where a cache takes token steps;
+    the logits and caches of BY_LAYER off (chunk by chunk through every layer)."""
     import engine.generation as generation
     from model import Transformer
     model = tiny_model(n_layer=2)
@@ -1042,8 +1042,8 @@ def test_read_prompt_reads_layer_by_layer_in_pieces_or_as_a_wavefront(name, kw, 
     monkeypatch.setattr(generation, "WAVE_PIECE", 16)
     pieces = []
     read = Transformer.read_by_layer
-    monkeypatch.setattr(Transformer, "read_by_layer",
-                        lambda self, idx, *a: pieces.append(idx.shape[1]) or read(self, idx, *a))
+    monkeypatch.setattr(Transformer, "read_by_layer", lambda self, idx, *a: pieces.append(
+        (idx.shape[1], a[5])) or read(self, idx, *a))
 
     def read_prompt(on):
         monkeypatch.setattr(generation, "BY_LAYER", on)
@@ -1053,7 +1053,7 @@ def test_read_prompt_reads_layer_by_layer_in_pieces_or_as_a_wavefront(name, kw, 
                                                   256)
 
     caches, logits = read_prompt(True)
-    assert pieces == reads
+    assert pieces == [(56, piece)]
     pieces.clear()
     want_caches, want = read_prompt(False)
     assert pieces == []

@@ -74,10 +74,11 @@ inputs = [chunk(6 + i) for i in range(180)]
 it = iter(inputs)
 step_ms = 1e3 * best_of(3, 60, lambda: step(cache, *next(it)))
 print(f"{policy} {dtype}: chunk step {step_ms:.3f} ms, bulk pass {pass_ms:.3f} ms")
+SHAPES = bool(os.environ.get("SHAPES"))
 if os.environ.get("PROF"):
     more = [chunk(186 + i) for i in range(30)]
-    with torch.profiler.profile() as prof:
+    with torch.profiler.profile(record_shapes=SHAPES) as prof:
         for x in more:
             step(cache, *x)
-    for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:20]:
-        print(f"{e.self_cpu_time_total / 30e3:8.3f} ms {e.count // 30:4d}  {e.key[:100]}")
+    for e in sorted(prof.key_averages(group_by_input_shape=SHAPES), key=lambda e: -e.self_cpu_time_total)[:20]:
+        print(f"{e.self_cpu_time_total / 30e3:8.3f} ms {e.count // 30:4d}  {e.key[:100]}" + (f" {e.input_shapes}" if SHAPES else ""))
