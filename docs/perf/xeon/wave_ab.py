@@ -1,12 +1,15 @@
 """Probe (PERFORMANCE 6za): a prompt's first token with one-pass caches read as a wavefront
 (two pieces of half the prompt, the layers at work stacked: engine.generation.layer_piece) or
 in one piece of PREFILL_PIECE rows, layer after layer (6y's plan), interleaved in one process
-as bench.py reads it with --compile on --compile_prefill (budget 256, chunks of 128):
+(each round in the other order than the last) as bench.py reads it with --compile on
+--compile_prefill (budget 256, chunks of 128):
 
     PYTHONPATH=. python docs/perf/xeon/wave_ab.py POLICY DTYPE CONTEXT [ROUNDS] [COMPRESSION]
 
-COMPRESSION: bulk (default) or chunked. Prints each round's first token, s, and the medians.
+COMPRESSION: bulk (default) or chunked. VARIANTS=wave,one (default; `one`: pieces of PREFILL_PIECE
+rows, at 4k one piece; a number N: pieces of N rows). Prints each round's first token, s, and the medians.
 """
+import os
 import statistics
 import sys
 
@@ -27,12 +30,16 @@ factory = make_cache_factory(policy, cache_size=256, chunk=128, prompt_compressi
 gen = G.Generator(model, ctx + 10, make_cache=factory, compile=True, compile_prefill=True)
 gen.warmup(0.0, None)
 wave = G.layer_piece
-one = lambda caches, chunk, rows, n_layer: max(1, G.PREFILL_PIECE // chunk) * chunk  # noqa
+plans = {"wave": wave,  # the engine's
+         "one": lambda caches, chunk, rows, n_layer: max(1, G.PREFILL_PIECE // chunk) * chunk}
+names = os.environ.get("VARIANTS", "wave,one").split(",")
+plans.update({n: (lambda caches, chunk, rows, n_layer, v=int(n): v) for n in names
+              if n.isdigit()})
 prompt = [100 + (i * 7919) % 40000 for i in range(ctx)]  # token ids: their text does not matter
-times = {"wave": [], "one piece": []}
+times = {n: [] for n in names}
 for r in range(rounds + 1):
-    for name, plan in (("wave", wave), ("one piece", one)):
-        G.layer_piece = plan
+    for name in names[::1 if r % 2 else -1]:
+        G.layer_piece = plans[name]
         t = gen.generate(prompt, 2, temperature=0.0).prefill_s
         if r:  # the first round compiles what the warm-up did not
             times[name].append(t)
