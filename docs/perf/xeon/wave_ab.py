@@ -7,7 +7,8 @@ in one piece of PREFILL_PIECE rows, layer after layer (6y's plan), interleaved i
     PYTHONPATH=. python docs/perf/xeon/wave_ab.py POLICY DTYPE CONTEXT [ROUNDS] [COMPRESSION]
 
 COMPRESSION: bulk (default) or chunked. VARIANTS=wave,one (default; `one`: pieces of PREFILL_PIECE
-rows, at 4k one piece; a number N: pieces of N rows). Prints each round's first token, s, and the medians.
+rows, at 4k one piece; a number N: pieces of N rows); CHUNK=N
+the prompt chunk (128). Prints each round's first token, s, and the medians.
 """
 import os
 import statistics
@@ -26,7 +27,8 @@ policy, dtype, ctx = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 4
 compression = sys.argv[5] if len(sys.argv) > 5 else "bulk"
 model = load_model(resolve_checkpoint(None), dtype=DTYPES[dtype])
-factory = make_cache_factory(policy, cache_size=256, chunk=128, prompt_compression=compression)
+factory = make_cache_factory(policy, cache_size=256, chunk=int(os.environ.get("CHUNK", 128)),
+                             prompt_compression=compression)
 gen = G.Generator(model, ctx + 10, make_cache=factory, compile=True, compile_prefill=True)
 gen.warmup(0.0, None)
 wave = G.layer_piece
