@@ -1021,6 +1021,21 @@ def test_a_prompt_read_layer_by_layer_is_read_chunk_by_chunk(name, kw, piece):
             assert_same_caches(chunked, layered)
 
 
+def test_one_pass_caches_read_a_prompt_in_two_pieces_of_half_at_most_prefill_piece():
+    """layer_piece for caches that compress a chunk in one pass: half the prompt's chunks
+    (rounded up), at most PREFILL_PIECE rows, so that two layers at a time share the chunk
+    steps; under two chunks, chunk by chunk. Token-step caches keep their smaller pieces."""
+    from engine.generation import PREFILL_PIECE, layer_piece
+    model = tiny_model(n_layer=30)
+    one_pass = build_caches(model, 1, 8192, make_cache_factory(
+        "weightedkv", cache_size=BUDGET, chunk=128, prompt_compression="bulk"))
+    assert [layer_piece(one_pass, 128, rows, 30) for rows in (128, 256, 384, 4096, 16384)] == \
+        [None, 128, 256, 2048, PREFILL_PIECE]
+    steps = build_caches(model, 1, 8192, make_cache_factory("weightedkv", cache_size=BUDGET,
+                                                            chunk=128))
+    assert layer_piece(steps, 128, 4096, 30) == 256
+
+
 @pytest.mark.parametrize("name,kw,piece", [
     ("streaming", {}, 24),
     ("h2o", {}, 24),
