@@ -286,7 +286,8 @@ def layer_piece(caches, chunk: int, rows: int, n_layer: int) -> Optional[int]:
     if rows <= chunk:
         return None
     if not any(c.takes_token_steps(chunk) for c in caches):
-        return min(max(1, PREFILL_PIECE // chunk), -(-rows // chunk // 2)) * chunk
+        half = -(-(rows // chunk) // 2)  # chunks, rounded up
+        return min(max(1, PREFILL_PIECE // chunk), half) * chunk
     piece = min(WAVE_PIECE, 2 * rows // max(1, n_layer - 1)) // chunk * chunk
     return piece if piece >= 2 * chunk else None
 

@@ -8,7 +8,7 @@ chunks of 128), on random queries, keys and values:
 Prints ms a call, the best of three runs of 60 (the chunk step, its random inputs made before
 the clock starts) and of five runs of 100 (the pass, on the state after six chunks, put back
 before each call and that copy's time taken off). PROF=1 adds the chunk step's events with the
-most self time (KP=1: each generated kernel by name).
+most self time (KP=1: each generated kernel by name; SHAPES=1: by input shapes too).
 """
 import os
 import sys
@@ -80,5 +80,7 @@ if os.environ.get("PROF"):
     with torch.profiler.profile(record_shapes=SHAPES) as prof:
         for x in more:
             step(cache, *x)
-    for e in sorted(prof.key_averages(group_by_input_shape=SHAPES), key=lambda e: -e.self_cpu_time_total)[:20]:
-        print(f"{e.self_cpu_time_total / 30e3:8.3f} ms {e.count // 30:4d}  {e.key[:100]}" + (f" {e.input_shapes}" if SHAPES else ""))
+    events = prof.key_averages(group_by_input_shape=SHAPES)
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:20]:
+        print(f"{e.self_cpu_time_total / 30e3:8.3f} ms {e.count // 30:4d}  {e.key[:100]}"
+              + (f" {e.input_shapes}" if SHAPES else ""))
