@@ -424,10 +424,11 @@ class RegionCache(KVCache):
 
     def alike(self) -> tuple:
         """What caches must share to be stacked (`stacked`): class, settings (every plain
-        attribute but the layer's index) and buffer shapes."""
+        attribute but the layer's index and `waiting`, the model's handle during a step, which
+        a cache holds once it has taken one) and buffer shapes."""
         plain = (int, float, str, bool, type(None))
         settings = sorted((k, v) for k, v in vars(self).items()
-                          if isinstance(v, plain) and k != "layer_id")
+                          if isinstance(v, plain) and k not in ("layer_id", "waiting"))
         shapes = [(k, tuple(b.shape), b.dtype) for k, b in self._buffers.items()]
         return (type(self), tuple(settings), tuple(shapes), self.rope.data_ptr(),
                 id(self.shard), self.compiled_compress)

@@ -523,11 +523,14 @@ class Session:
         if chunk is not None and chunk < self.max_seq_length:  # compiles chunk compression
             self.reset()
             # two chunks where they fit: a prompt read layer by layer compiles its chunk step
+            # (one-pass caches read them as a wavefront of two one-chunk pieces: a cache alone
+            # and a stack of two, so both steps compile here)
             self.append([0] * (2 * chunk if 2 * chunk < self.max_seq_length else chunk))
-        if chunk is not None and 3 * chunk < self.max_seq_length and BY_LAYER:
-            # A long prompt goes as a wavefront (read_prompt): three chunks in pieces of one
-            # put a cache alone and a stack of layers to work, so that the steps of both
-            # compile here.
+        if chunk is not None and 3 * chunk < self.max_seq_length and \
+                any(c.takes_token_steps(chunk) for c in self.caches):
+            # A long prompt of token-step caches goes as a wavefront (read_prompt): three
+            # chunks in pieces of one put a cache alone and a stack of layers to work, so that
+            # the steps of both compile here.
             self.reset()
             with torch.inference_mode():
                 read_prompt(self.model, self.caches,

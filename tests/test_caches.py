@@ -272,16 +272,20 @@ def test_a_warm_up_compiles_lagkv_with_and_without_scoring():
     assert counter.frame_count == frames
 
 
-def test_a_warm_up_compiles_a_wavefront_s_steps(monkeypatch):
-    """Timings exclude compilation: after Session.warmup a long weightedkv prompt, read as a
-    wavefront (one to four layers at work, stacked), and its decode compile nothing."""
+@pytest.mark.parametrize("name,kw,piece", [
+    ("weightedkv", {}, 16),  # token steps: pieces of WAVE_PIECE
+    ("streaming", {"prompt_compression": "bulk"}, 96),  # one pass: half the 192 rows
+])
+def test_a_warm_up_compiles_a_wavefront_s_steps(name, kw, piece, monkeypatch):
+    """Timings exclude compilation: after Session.warmup a long prompt, read as a wavefront
+    (one to four layers at work, stacked), and its decode compile nothing."""
     import engine.generation as generation
     from engine.generation import compile_prompt
     torch._dynamo.reset()
     monkeypatch.setattr(generation, "WAVE_PIECE", 16)
     model = tiny_model(n_layer=4)
     counter = CompileCounter()
-    s = Session(model, make_cache_factory("weightedkv", cache_size=BUDGET, chunk=8), 512)
+    s = Session(model, make_cache_factory(name, cache_size=BUDGET, chunk=8, **kw), 512)
     s.decode_fn = compile_decode(decode_one_token, model, backend=counter, caches=s.caches)
     s.prefill_fn, s.compiled_prefill = compile_prompt(model, backend=counter), True
     s.warmup()
@@ -292,7 +296,7 @@ def test_a_warm_up_compiles_a_wavefront_s_steps(monkeypatch):
     monkeypatch.setattr(model, "read_by_layer", lambda *a: waves.append(a[6]) or read(*a))
     s.append(list(range(1, 200)))
     s.generate(20)
-    assert waves == [16] and counter.frame_count == frames
+    assert waves == [piece] and counter.frame_count == frames
     torch._dynamo.reset()
 
 

@@ -165,16 +165,17 @@ def test_a_compiled_prompt_chunk_runs_its_blocks_through_one_nested_region(polic
 
 
 @pytest.mark.parametrize("policy,options,graphs", [
-    ("weightedkv", {"prompt_compression": "bulk"}, 1),
-    ("streaming", {}, 1),
+    ("weightedkv", {"prompt_compression": "bulk"}, 2),
+    ("streaming", {}, 2),
+    # layers of a kind are never both at work in a wave of two pieces: no stacks
     ("weightedkv,full", {"prompt_compression": "bulk", "layer_pattern": "repeat"}, 2),
 ])
 def test_compiled_prompts_read_layer_by_layer_compile_one_chunk_step(policy, options, graphs):
     """--compile_prefill, caches that compress a chunk in one pass: read_prompt takes the
-    prompt layer by layer, each layer's chunks through one compiled step (a graph per cache
-    kind, whatever the layer or the prompt's length), and its pieces' norms, linears and MLP
-    through one graph each (whatever the layer or the piece's length), with the tokens of
-    eager prompts."""
+    prompt layer by layer as a wavefront, each layer's chunks through one compiled step (a
+    graph per cache kind for a cache alone and one for a stack of layers at work, whatever the
+    layers or the prompt's length), and its pieces' norms, linears and MLP through one graph
+    each (whatever the layer or the piece's length), with the tokens of eager prompts."""
     import engine.generation as G
     from model import block_input, block_output, through_cache
     torch._dynamo.reset()
