@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 from engine.cli import (CHECKPOINT_HELP, DTYPES, POLICY_OPTIONS, REGION_FLAGS, Parser,
-                        add_cache_arguments, cache_factory_from_args, comma_list,
+                        add_bake_argument, add_cache_arguments, cache_factory_from_args,
+                        comma_list,
                         layer_report, list_caches, positive_int, resolve_device, resolve_dtype,
                         run, size_cache_from_mib)
 from core.errors import UserError
@@ -86,6 +87,7 @@ def build_parser() -> Parser:
     p.add_argument("--compile_prefill", action="store_true",
                    help="compiled rows also compile the prompt (as generate.py's flag; mode "
                         "'compiled+', its compile time in comp s)")
+    add_bake_argument(p)
     p.add_argument("--peer", choices=["transformers", "llama.cpp"], default=None,
                    help="also run the same weights through this library and report the ratio "
                         "(llama.cpp: the full cache only)")
@@ -293,7 +295,8 @@ def bench_engine(model, policy, factory, settings, context, prompt, args, compil
     # +1: prefill makes the first token, then new_tokens decode steps are timed.
     compile_prefill = compiled and args.compile_prefill
     gen = Generator(model, context + args.new_tokens + 1, batch_size=batch, make_cache=factory,
-                    compile=compiled, compile_prefill=compile_prefill)
+                    compile=compiled, compile_prefill=compile_prefill,
+                    bake_weights=compiled and args.bake_weights)
     warm = gen.warmup(0.0, None)
     # A short untimed run warms the loop, the chunked-prefill graph and anything the warm-up
     # step did not reach, without paying for a long prefill (median of repeats absorbs the rest).
@@ -309,7 +312,8 @@ def bench_engine(model, policy, factory, settings, context, prompt, args, compil
     ttft = statistics.median(g.prefill_s for g in runs)
     w, kv = weight_bytes_per_token(model), kv_bytes_per_token(gen.caches, context)
     row = dict(engine="regionkv", policy=policy, **settings, context=context, batch_size=batch,
-               compiled=compiled, compiled_prefill=compile_prefill, new_tokens=args.new_tokens,
+               compiled=compiled, compiled_prefill=compile_prefill,
+               baked_weights=compiled and args.bake_weights, new_tokens=args.new_tokens,
                decode_tokens_per_s=batch * steps,
                decode_ms_per_token=1e3 / steps if steps else None,
                prefill_tokens_per_s=batch * context / ttft, ttft_s=ttft,
@@ -648,6 +652,9 @@ def main(argv=None) -> None:
         print(list_caches())
         return
     notes = []
+    if args.bake_weights and args.compile == "off":
+        raise UserError("--bake_weights bakes the weights into compiled rows' decode step: give "
+                        "--compile on or both with it")
     if args.compile_prefill and args.compile == "off":
         raise UserError("--compile_prefill compiles the prompt of compiled rows: give --compile "
                         "on or both with it")

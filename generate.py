@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from core.errors import UserError, as_flags
-from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_cache_arguments, add_compile_arguments,
-                        cache_factory_from_args, cache_slots,
+from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_bake_argument, add_cache_arguments,
+                        add_compile_arguments, cache_factory_from_args, cache_slots,
                         check_run_fits, fit_cache_to_stream, layer_report, list_caches,
                         non_negative_float,
                         open_checkpoint, positive_int, resolve_positions, round_up, run, seed_int,
@@ -38,6 +38,7 @@ def build_parser() -> Parser:
     p.add_argument("--num_samples", type=positive_int, default=1)
     p.add_argument("--seed", type=seed_int, default=None)
     add_compile_arguments(p)
+    add_bake_argument(p)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="default: bfloat16 on CUDA, float32 on CPU")
@@ -155,6 +156,9 @@ def main(argv=None) -> None:
     if args.interactive and (args.json or args.num_samples > 1 or args.profile):
         raise UserError("--interactive is a terminal chat; it takes no --json, --num_samples "
                         "or --profile")
+    if args.bake_weights and not args.compile:
+        raise UserError("--bake_weights bakes the weights into the compiled decode step: give "
+                        "--compile with it")
     cache_factory_from_args(args, seed=args.seed or 0)  # bad cache flags fail before loading
     from engine.checkpoint import load_model, model_args
     from engine.generation import Generator, Session
@@ -222,7 +226,8 @@ def main(argv=None) -> None:
     model = load_model(ckpt, device=device, dtype=dtype, tp=tp)
     kind = Session if args.interactive else Generator
     gen = kind(model, max_seq_length=max_seq_length, make_cache=make_cache,
-               compile=args.compile, compile_prefill=args.compile_prefill)
+               compile=args.compile, compile_prefill=args.compile_prefill,
+               bake_weights=args.bake_weights)
     load_s = time.perf_counter() - t
     if not args.json:
         print(f"loaded {ckpt} in {load_s:.1f} s ({device}, {str(dtype).removeprefix('torch.')}, "

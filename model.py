@@ -444,13 +444,15 @@ class Transformer(nn.Module):
             for cache in scheduled:
                 cache.after_step()
 
-    def run(self, idx: Tensor, input_pos: Tensor, caches, out_idx: Optional[Tensor] = None
-            ) -> Tensor:
-        """forward's work: idx [B, T] at input_pos [B, T] -> logits [B, T', vocab]."""
+    def run(self, idx: Tensor, input_pos: Tensor, caches, out_idx: Optional[Tensor] = None,
+            block: Optional[Callable] = None) -> Tensor:
+        """forward's work: idx [B, T] at input_pos [B, T] -> logits [B, T', vocab]. block, if
+        given, runs each block instead of block_step (a compiled step that inlines them)."""
         x = self.tok_embeddings(idx)
         # The nested block region serves compiled graphs and the single-token step; eager
         # prompt chunks call the blocks directly.
-        step = self.block_step if idx.shape[1] == 1 or torch.compiler.is_compiling() else None
+        step = block or (self.block_step if idx.shape[1] == 1 or torch.compiler.is_compiling()
+                         else None)
         # Eager: a cache may leave its compression for after the last layer (a layer reads
         # only its own cache), so that caches alike compress together (`settle`).
         waiting = [] if step is None else None

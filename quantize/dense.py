@@ -37,6 +37,9 @@ widening costs more than it saves below 8 rows (docs/PERFORMANCE.md, section 6i)
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -55,6 +58,21 @@ STORE_NORMS = True
 # AMX, measured the reverse: docs/PERFORMANCE.md, 6b).
 _AMX = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
 STREAMED_DTYPES = (torch.float32,) if _AMX else DTYPES
+
+
+# True while a compiled step whose linear weights are baked into its graph runs (`baking`):
+# its trace reads it, and dynamo guards on it, so that graph and the others never mix.
+_BAKING = False
+
+
+@contextmanager
+def baking():
+    global _BAKING
+    _BAKING = True
+    try:
+        yield
+    finally:
+        _BAKING = False
 
 
 def streamed(x: Tensor) -> bool:
@@ -80,6 +98,18 @@ torch.library.register_fake(
 
 def packed_linear(x: Tensor, weight: Tensor, out_features: int) -> Tensor:
     return torch.ops.regionkv.packed_linear(x, weight, out_features)
+
+
+# regionkv::unpacked(weight, out_features, in_features): the plain [out, in] weight of one in
+# oneDNN's layout. In a step whose weights are baked in (bake_compiled_decode), Inductor folds
+# it once, at compile time, into the weight its own GEMM kernel reads.
+_LIB.define("unpacked(Tensor weight, int out_features, int in_features) -> Tensor")
+_LIB.impl("unpacked", lambda weight, out_features, in_features: weight.to_dense(),
+          "CompositeExplicitAutograd")
+torch.library.register_fake(
+    "regionkv::unpacked",
+    lambda weight, out_features, in_features: weight.new_empty(out_features, in_features),
+    lib=_LIB)
 
 
 class PackedLinear(nn.Module):
@@ -116,7 +146,11 @@ class PackedLinear(nn.Module):
             destination[prefix + "bias"] = self.bias
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.plain is not None and streamed(x):
+        if _BAKING and torch.compiler.is_compiling():  # a GEMM over the weight as a constant
+            w = self.plain if self.plain is not None else torch.ops.regionkv.unpacked(
+                self.packed, self.out_features, self.in_features)
+            y = F.linear(x, w)
+        elif self.plain is not None and streamed(x):
             # float32 products summed in float32, rounded once, as oneDNN does for bfloat16
             y = (self.plain.float() * x.float().unsqueeze(-2)).sum(-1).to(x.dtype)
         elif self.onednn:
@@ -236,6 +270,40 @@ def stream_compiled_decode(model: nn.Module) -> int:
         if _store_streamed_input not in norm._forward_hooks.values():
             norm.register_forward_hook(_store_streamed_input)
     return added
+
+
+def baking_backend(model: nn.Module, options: dict) -> Callable:
+    """A torch.compile backend for a decode step that bakes the model's linear weights into the
+    graph as constants (Inductor's freezing) and leaves every other input an input: the caches,
+    which other code writes between steps. Over a constant weight Inductor's C++ GEMM template
+    applies (max_autotune), a kernel generated into the graph for each linear's shape, with no
+    call of its own and its weight packed once at compile time: on an AMX CPU it streams
+    bfloat16 weights at about 25 GB/s where oneDNN's 151 calls a step pay 16 µs each
+    (docs/PERFORMANCE.md, section 6zb). The graph holds its own packed copy of the weights:
+    they must not change after it compiles (a new model gets its own backend and graph).
+    `backend.baked` counts the inputs the last graph baked in."""
+    from torch._inductor.compile_fx import compile_fx
+    weights = {id(t) for m in model.modules() if isinstance(m, PackedLinear)
+               for t in (m.packed, m.plain, m.bias) if t is not None}
+    patches = {**options, "freezing": True, "max_autotune": True,
+               "max_autotune_gemm_backends": "CPP,ATEN",  # ATen's where no template fits
+               "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+
+    def backend(gm: torch.fx.GraphModule, example_inputs):
+        backend.baked = 0
+        for i, (node, t) in enumerate(zip(list(gm.graph.find_nodes(op="placeholder")),
+                                          example_inputs)):
+            if id(t) in weights:  # the input becomes an attribute, which freezing folds
+                gm.register_buffer(f"_baked{i}", t)
+                gm._param_name_to_source[f"_baked{i}"] = node._dynamo_source
+                with gm.graph.inserting_before(node):
+                    node.replace_all_uses_with(gm.graph.get_attr(f"_baked{i}"))
+                gm.graph.erase_node(node)
+                backend.baked += 1
+        gm.recompile()
+        kept = [t for t in example_inputs if id(t) not in weights]
+        return compile_fx(gm, kept, config_patches=patches)  # dynamo passes what is left
+    return backend
 
 
 def _probe(linear: nn.Linear, packed: PackedLinear) -> None:

@@ -354,3 +354,20 @@ def test_a_cpu_without_bfloat16_matmuls_reads_values_in_float32(monkeypatch):
     monkeypatch.setattr(M, "CPU_BF16_MATMUL", True)
     assert torch.equal(seg.mix(p), (p.to(torch.bfloat16) @ v).float())
     assert not torch.equal(p @ v.float(), (p.to(torch.bfloat16) @ v).float())
+
+
+def test_a_step_with_its_weights_baked_in_matches_eager_and_reads_its_caches_live():
+    """--bake_weights: the linears' weights become constants of the step graph, every cache
+    buffer stays an input (the caches compress during these steps, between graph calls), and
+    another model gets its own graph."""
+    from quantize.dense import PackedLinear, pack_dense_linears
+    torch._dynamo.reset()
+    make = make_cache_factory("weightedkv", cache_size=24)
+    prompt = list(range(3, 40))
+    for seed in (0, 1):
+        model = pack_dense_linears(tiny_model(seed))
+        eager = Generator(model, 96, make_cache=make).generate(prompt, 16).new_ids[0]
+        gen = Generator(model, 96, make_cache=make, compile=True, bake_weights=True)
+        assert gen.generate(prompt, 16).new_ids[0] == eager
+        weights = sum(isinstance(m, PackedLinear) for m in model.modules())
+        assert model.baking_backend.baked == weights  # each linear's weight, nothing else
