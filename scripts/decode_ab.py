@@ -31,9 +31,9 @@ sees the machine in the same state:
     cppwrap       unrolled, compiled with Inductor's cpp_wrapper: the graph's kernels and
                   extern calls driven from generated C++ instead of a Python wrapper (nested
                   regions are refused there)
-    frozen        unrolled, the linears as F.linear over plain weights baked into the graph as
-                  constants (only those: the caches stay inputs), through Inductor's C++ GEMM
-                  template (max_autotune)
+    frozen        the step that --bake_weights compiles (engine.generation.baked_step): blocks
+                  inline, the linears' weights baked in as constants, Inductor's C++ GEMM
+                  template for each
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
@@ -95,7 +95,7 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     unstored, customop, engine_stored = own_step_graph(), own_step_graph(), dense.stored
     onednn, engine_streamed = own_step_graph(), dense.streamed
     unrolled, cppwrap = own_step_graph(), own_step_graph({**G.STEP_OPTIONS, "cpp_wrapper": True})
-    frozen = frozen_step_graph(model)
+    frozen = G.baked_step(model)  # --bake_weights
     out = torch.compile(run_step_out, fullgraph=True, dynamic=False, options=G.STEP_OPTIONS)
 
     def headout(*args):
@@ -112,8 +112,7 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
                             "onednn": onednn, "unrolled": unrolled,
                             "cppwrap": cppwrap, "frozen": frozen}.get(variant, graph)
         model.block_step = {"regional": regional, "unrolled": G.run_block,
-                            "cppwrap": G.run_block, "frozen": G.run_block}.get(variant, nested)
-        dense.BAKED = variant == "frozen"
+                            "cppwrap": G.run_block}.get(variant, nested)
 
     print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")
     interleave(s, variants, use, rounds, steps)
@@ -127,40 +126,6 @@ def own_step_graph(options: dict = G.STEP_OPTIONS) -> Callable:
     code = G.run_step.__code__.replace()
     return torch.compile(types.FunctionType(code, G.run_step.__globals__), fullgraph=True,
                          dynamic=False, options=options)
-
-
-def frozen_step_graph(model) -> Callable:
-    """The engine's step (a copy of its code) compiled by a backend that bakes the model's plain
-    linear weights into the graph as constants, so that Inductor's C++ GEMM template takes
-    them; every other input (the caches) stays an input."""
-    from torch._inductor.compile_fx import compile_fx
-    for m in model.modules():
-        if isinstance(m, dense.PackedLinear) and m.plain is None:
-            m.plain = m.packed.to_dense()
-    weights = {id(m.plain) for m in model.modules() if isinstance(m, dense.PackedLinear)}
-    weights.add(id(model.tok_embeddings.weight))
-
-    def backend(gm, example_inputs):
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        keep = []
-        for i, (node, t) in enumerate(zip(placeholders, example_inputs)):
-            if id(t) in weights:
-                gm.register_buffer(f"_baked{i}", t)
-                gm._param_name_to_source[f"_baked{i}"] = node._dynamo_source
-                with gm.graph.inserting_before(node):
-                    node.replace_all_uses_with(gm.graph.get_attr(f"_baked{i}"))
-                gm.graph.erase_node(node)
-            else:
-                keep.append(i)
-        gm.recompile()
-        print(f"baked {len(placeholders) - len(keep)} of {len(placeholders)} inputs")
-        compiled = compile_fx(gm, [example_inputs[i] for i in keep], config_patches={
-            **G.STEP_OPTIONS, "freezing": True, "max_autotune": True,
-            "max_autotune_gemm_backends": "CPP,ATEN"})
-        return compiled  # dynamo passes the graph's remaining placeholders
-    code = G.run_step.__code__.replace()
-    return torch.compile(types.FunctionType(code, G.run_step.__globals__), fullgraph=True,
-                         dynamic=False, backend=backend)
 
 
 def interleave(s: G.Session, variants, use, rounds: int, steps: int) -> None:
