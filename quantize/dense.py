@@ -283,13 +283,13 @@ def baking_backend(model: nn.Module, options: dict) -> Callable:
     they must not change after it compiles (a new model gets its own backend and graph).
     `backend.baked` counts the inputs the last graph baked in."""
     from torch._inductor.compile_fx import compile_fx
-    weights = {id(t) for m in model.modules() if isinstance(m, PackedLinear)
-               for t in (m.packed, m.plain, m.bias) if t is not None}
     patches = {**options, "freezing": True, "max_autotune": True,
                "max_autotune_gemm_backends": "CPP,ATEN",  # ATen's where no template fits
                "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
     def backend(gm: torch.fx.GraphModule, example_inputs):
+        weights = {id(t) for m in model.modules() if isinstance(m, PackedLinear)  # as they are now
+                   for t in (m.packed, m.plain, m.bias) if t is not None}
         backend.baked = 0
         for i, (node, t) in enumerate(zip(list(gm.graph.find_nodes(op="placeholder")),
                                           example_inputs)):
