@@ -236,7 +236,8 @@ def main(argv=None) -> None:
     compile_s = None
     if args.compile:
         if not args.json:
-            print("compiling the decode step...", file=sys.stderr)
+            print("compiling the decode step" + (" with the weights baked in (a minute or two)"
+                  if args.bake_weights else "") + "...", file=sys.stderr)
         compile_s = gen.warmup(args.temperature, args.top_k)
         if not args.json:
             print(f"compiled in {compile_s:.1f} s", file=sys.stderr)

@@ -120,9 +120,15 @@ def assert_one_line_error(status, err, needle):
     (["--compile", "maybe"], "--compile"),
     (["--cache", "full", "--kv_middle", "int8"], "--kv_middle int8 needs a policy with a middle"),
     (["--compile", "off", "--compile_prefill"], "give --compile on or both with it"),
+    (["--compile", "off", "--bake_weights"], "--bake_weights bakes the weights into compiled"),
 ])
 def test_bad_arguments_are_one_line_errors(args, needle, capsys):
     assert_one_line_error(*in_process("bench", args, capsys), needle)
+
+
+def test_bake_weights_without_compile_is_a_one_line_error(capsys):
+    assert_one_line_error(*in_process("generate", ["--bake_weights"], capsys),
+                          "give --compile with it")
 
 
 def test_bad_profile_path_is_refused_before_generating(tmp_path, capsys):
