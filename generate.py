@@ -17,10 +17,9 @@ import torch
 from core.errors import UserError, as_flags
 from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_bake_argument, add_cache_arguments,
                         add_compile_arguments, cache_factory_from_args, cache_slots,
-                        check_run_fits, fit_cache_to_stream, layer_report, list_caches,
-                        non_negative_float,
-                        open_checkpoint, positive_int, resolve_positions, round_up, run, seed_int,
-                        size_cache_from_mib)
+                        check_bake_argument, check_run_fits, fit_cache_to_stream, layer_report,
+                        list_caches, non_negative_float, open_checkpoint, positive_int,
+                        resolve_positions, round_up, run, seed_int, size_cache_from_mib)
 
 
 def build_parser() -> Parser:
@@ -156,9 +155,7 @@ def main(argv=None) -> None:
     if args.interactive and (args.json or args.num_samples > 1 or args.profile):
         raise UserError("--interactive is a terminal chat; it takes no --json, --num_samples "
                         "or --profile")
-    if args.bake_weights and not args.compile:
-        raise UserError("--bake_weights bakes the weights into the compiled decode step: give "
-                        "--compile with it")
+    check_bake_argument(args)
     cache_factory_from_args(args, seed=args.seed or 0)  # bad cache flags fail before loading
     from engine.checkpoint import load_model, model_args
     from engine.generation import Generator, Session

@@ -15,8 +15,9 @@ import threading
 from pathlib import Path
 
 from core.errors import UserError
-from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_cache_arguments, add_compile_arguments,
-                        cache_factory_from_args, cache_slots,
+from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_bake_argument, add_cache_arguments,
+                        add_compile_arguments, cache_factory_from_args, cache_slots,
+                        check_bake_argument,
                         check_run_fits, list_caches, open_checkpoint, positive_int,
                         resolve_positions, round_up, run, seed_int, size_cache_from_mib)
 
@@ -45,6 +46,7 @@ def build_parser() -> Parser:
     p.add_argument("--default_max_tokens", type=positive_int, default=256,
                    help="a chat request's max_tokens when it sets none")
     add_compile_arguments(p)
+    add_bake_argument(p)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="default: bfloat16 on CUDA, float32 on CPU")
@@ -87,6 +89,7 @@ def main(argv=None) -> None:
     if args.list_caches:
         print(list_caches())
         return
+    check_bake_argument(args)
     cache_factory_from_args(args, seed=args.seed or 0)  # bad cache flags fail before loading
     check_port(args.host, args.port)
     import uvicorn
@@ -108,7 +111,7 @@ def main(argv=None) -> None:
     model = load_model(ckpt, device=device, dtype=dtype)
     batcher = Batcher(model, make_cache, args.slots, max_seq_length, args.queue, parked,
                       args.prefill_tokens, "inductor" if args.compile else None,
-                      args.compile_prefill)
+                      args.compile_prefill, args.bake_weights)
     name = args.model_name or Path(ckpt).name
     print(f"loaded {ckpt} ({device}, {str(dtype).removeprefix('torch.')}, cache {args.cache}, "
           f"positions {positions}, {args.slots} slots, {parked} parked, cache "

@@ -171,7 +171,8 @@ class Batcher:
     def __init__(self, model, make_cache: Optional[CacheFactory] = None, slots: int = 4,
                  max_seq_length: Optional[int] = None, max_queue: int = 16,
                  parked: Optional[int] = None, prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
-                 compile_backend=None, compile_prefill: bool = False):
+                 compile_backend=None, compile_prefill: bool = False,
+                 bake_weights: bool = False):
         """
         Args:
             slots: streams decoded together (the batch of the one decode graph).
@@ -181,6 +182,7 @@ class Batcher:
                 (compressing caches: their chunk), which bounds attention's scratch memory.
             compile_backend: torch.compile the decode step with this backend (None: eager).
             compile_prefill: also compile prompt reads (as Session's): one graph for every row.
+            bake_weights: the decode step with the weights baked in (as Session's).
         """
         self.model = model
         self.device = model.device
@@ -194,7 +196,8 @@ class Batcher:
         self.step = decode_logits
         model.step_graph = model.block_step = model.chunk_step = model.piece_steps = None
         if compile_backend is not None:
-            self.step = compile_decode(decode_logits, model, compile_backend, self.caches, slots)
+            self.step = compile_decode(decode_logits, model, compile_backend, self.caches, slots,
+                                       bake_weights=bake_weights)
         self.compiled_prefill = compile_prefill
         self.prefill_fn = compile_prompt(model, compile_backend or "inductor") \
             if compile_prefill else prefill

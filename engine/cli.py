@@ -139,6 +139,13 @@ def add_bake_argument(p) -> None:
                         "more compile; needs --compile")
 
 
+def check_bake_argument(args) -> None:
+    """--bake_weights needs --compile (generate.py, serve.py)."""
+    if args.bake_weights and not args.compile:
+        raise UserError("--bake_weights bakes the weights into the compiled decode step: give "
+                        "--compile with it")
+
+
 def add_cache_arguments(p) -> None:
     """The cache flags shared by generate.py, eval.py and bench.py."""
     from caches import BUDGET_PATTERNS, DEFAULT_CACHE_SIZE, LAYER_PATTERNS, PROMPT_COMPRESSION

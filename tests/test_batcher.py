@@ -296,3 +296,22 @@ def test_an_engine_failure_ends_the_running_streams_and_the_loop_goes_on():
             Generator(model, S, make_cache=factory("streaming")).generate([1, 2, 3], 5).new_ids[0]
     finally:
         batcher.stop()
+
+
+def test_a_server_step_with_its_weights_baked_in_gives_eager_tokens():
+    # --bake_weights in serve.py: the slots' step (2 rows) with the weights as graph constants
+    from quantize.dense import PackedLinear, pack_dense_linears
+    model = pack_dense_linears(tiny_model())
+    batcher = Batcher(model, factory("weightedkv"), slots=2, max_seq_length=S,
+                      compile_backend="inductor", bake_weights=True)
+    batcher.warmup()
+    batcher.start()
+    try:
+        requests = [batcher.submit(p, greedy(6)) for p in prompts()[:3]]
+        outs = [r.result() for r in requests]
+    finally:
+        batcher.stop()
+    eager = Generator(model, S, make_cache=factory("weightedkv"))
+    for p, out in zip(prompts(), outs):
+        assert out == eager.generate(p, 6).new_ids[0]
+    assert model.baking_backend.baked == sum(isinstance(m, PackedLinear) for m in model.modules())
