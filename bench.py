@@ -34,9 +34,8 @@ import torch
 
 from engine.cli import (CHECKPOINT_HELP, DTYPES, POLICY_OPTIONS, REGION_FLAGS, Parser,
                         add_bake_argument, add_cache_arguments, cache_factory_from_args,
-                        comma_list,
-                        layer_report, list_caches, positive_int, resolve_device, resolve_dtype,
-                        run, size_cache_from_mib)
+                        comma_list, layer_report, list_caches, positive_int, resolve_device,
+                        resolve_dtype, run, size_cache_from_mib)
 from core.errors import UserError
 
 ROOT = Path(__file__).resolve().parent

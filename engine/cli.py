@@ -132,7 +132,7 @@ def add_compile_arguments(p) -> None:
 
 
 def add_bake_argument(p) -> None:
-    """--bake_weights, as generate.py and bench.py take it."""
+    """--bake_weights, as generate.py, serve.py and bench.py take it."""
     p.add_argument("--bake_weights", action="store_true",
                    help="compile the CPU decode step with the linear weights baked in as "
                         "constants (Inductor's own GEMM kernels): faster steps, 1-3 minutes "
