@@ -101,7 +101,7 @@ def packed_linear(x: Tensor, weight: Tensor, out_features: int) -> Tensor:
 
 
 # regionkv::unpacked(weight, out_features, in_features): the plain [out, in] weight of one in
-# oneDNN's layout. In a step whose weights are baked in (bake_compiled_decode), Inductor folds
+# oneDNN's layout. In a step whose weights are baked in (baking_backend), Inductor folds
 # it once, at compile time, into the weight its own GEMM kernel reads.
 _LIB.define("unpacked(Tensor weight, int out_features, int in_features) -> Tensor")
 _LIB.impl("unpacked", lambda weight, out_features, in_features: weight.to_dense(),
@@ -290,19 +290,20 @@ def baking_backend(model: nn.Module, options: dict) -> Callable:
     def backend(gm: torch.fx.GraphModule, example_inputs):
         weights = {id(t) for m in model.modules() if isinstance(m, PackedLinear)  # as they are now
                    for t in (m.packed, m.plain, m.bias) if t is not None}
-        backend.baked = 0
+        kept = []  # the inputs left: dynamo passes only these
         for i, (node, t) in enumerate(zip(list(gm.graph.find_nodes(op="placeholder")),
                                           example_inputs)):
-            if id(t) in weights:  # the input becomes an attribute, which freezing folds
-                gm.register_buffer(f"_baked{i}", t)
-                gm._param_name_to_source[f"_baked{i}"] = node._dynamo_source
-                with gm.graph.inserting_before(node):
-                    node.replace_all_uses_with(gm.graph.get_attr(f"_baked{i}"))
-                gm.graph.erase_node(node)
-                backend.baked += 1
+            if id(t) not in weights:
+                kept.append(t)
+                continue
+            gm.register_buffer(f"_baked{i}", t)  # an attribute, which freezing folds
+            gm._param_name_to_source[f"_baked{i}"] = node._dynamo_source
+            with gm.graph.inserting_before(node):
+                node.replace_all_uses_with(gm.graph.get_attr(f"_baked{i}"))
+            gm.graph.erase_node(node)
         gm.recompile()
-        kept = [t for t in example_inputs if id(t) not in weights]
-        return compile_fx(gm, kept, config_patches=patches)  # dynamo passes what is left
+        backend.baked = len(example_inputs) - len(kept)
+        return compile_fx(gm, kept, config_patches=patches)
     return backend
 
 
