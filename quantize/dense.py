@@ -37,6 +37,7 @@ widening costs more than it saves below 8 rows (docs/PERFORMANCE.md, section 6i)
 """
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from typing import Callable
 
@@ -303,7 +304,9 @@ def baking_backend(model: nn.Module, options: dict) -> Callable:
             gm.graph.erase_node(node)
         gm.recompile()
         backend.baked = len(example_inputs) - len(kept)
-        return compile_fx(gm, kept, config_patches=patches)
+        with warnings.catch_warnings():  # Inductor's autotuner's own deprecated storage call
+            warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
+            return compile_fx(gm, kept, config_patches=patches)
     return backend
 
 
