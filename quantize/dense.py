@@ -282,7 +282,7 @@ def baking_backend(model: nn.Module, options: dict) -> Callable:
     bfloat16 weights at about 25 GB/s where oneDNN's 151 calls a step pay 16 µs each
     (docs/PERFORMANCE.md, section 6zb). The graph holds its own packed copy of the weights:
     they must not change after it compiles (a new model gets its own backend and graph).
-    `backend.baked` counts the inputs the last graph baked in."""
+    `backend.baked` counts the inputs the last graph baked in, `backend.graphs` the graphs."""
     from torch._inductor.compile_fx import compile_fx
     patches = {**options, "freezing": True, "max_autotune": True,
                "max_autotune_gemm_backends": "CPP,ATEN",  # ATen's where no template fits
@@ -304,9 +304,11 @@ def baking_backend(model: nn.Module, options: dict) -> Callable:
             gm.graph.erase_node(node)
         gm.recompile()
         backend.baked = len(example_inputs) - len(kept)
+        backend.graphs += 1
         with warnings.catch_warnings():  # Inductor's autotuner's own deprecated storage call
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
             return compile_fx(gm, kept, config_patches=patches)
+    backend.graphs = 0
     return backend
 
 

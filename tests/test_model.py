@@ -356,12 +356,15 @@ def test_a_cpu_without_bfloat16_matmuls_reads_values_in_float32(monkeypatch):
     assert not torch.equal(p @ v.float(), (p.to(torch.bfloat16) @ v).float())
 
 
-def test_a_step_with_its_weights_baked_in_matches_eager_and_reads_its_caches_live():
+def test_a_step_with_its_weights_baked_in_matches_eager_and_reads_its_caches_live(monkeypatch):
     """--bake_weights: the linears' weights become constants of the step graph, every cache
     buffer stays an input (the caches compress during these steps, between graph calls), and
-    another model gets its own graph."""
+    another model gets its own graph; the heap each compile freed is given back once."""
+    import engine.generation as G
     from quantize.dense import PackedLinear, pack_dense_linears
     torch._dynamo.reset()
+    trims, release = [], G.release_freed_heap
+    monkeypatch.setattr(G, "release_freed_heap", lambda: trims.append(release()))  # glibc: True
     make = make_cache_factory("weightedkv", cache_size=24)
     prompt = list(range(3, 40))
     for seed in (0, 1):
@@ -371,3 +374,5 @@ def test_a_step_with_its_weights_baked_in_matches_eager_and_reads_its_caches_liv
         assert gen.generate(prompt, 16).new_ids[0] == eager
         weights = sum(isinstance(m, PackedLinear) for m in model.modules())
         assert model.baking_backend.baked == weights  # each linear's weight, nothing else
+        assert trims == [True] * model.baking_backend.graphs and trims
+        trims.clear()
