@@ -76,10 +76,28 @@ def run_step(model: Transformer, idx: Tensor, input_pos: Tensor, caches) -> Tens
     return model.run(idx, input_pos, caches)
 
 
-def run_inline_step(model: Transformer, idx: Tensor, input_pos: Tensor, caches) -> Tensor:
-    """run_step with every block traced inline: a nested region's weights are its inputs, which
-    a step with its weights baked in must hold as constants."""
-    return model.run(idx, input_pos, caches, block=run_block)
+# A layer's step through its cache as one nested region, compiled once for every layer. A step
+# with its weights baked in traces its blocks inline (a nested region's weights are its inputs,
+# which that step must hold as constants), but the cache's step holds no weights, and traced
+# inline in all 30 blocks it took most of that compile: `weightedkv` 127 s, 25 s this way
+# (docs/PERFORMANCE.md, section 6zc).
+_THROUGH = torch.compiler.nested_compile_region(through_cache)
+
+
+def through_region(cache, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    # q, k and v are views of one projection; a nested region takes no inputs that alias
+    return _THROUGH(cache, input_pos, q.clone(), k.clone(), v.clone())
+
+
+def run_baked_block(layer: torch.nn.Module, x: Tensor, input_pos: Tensor, cache) -> Tensor:
+    return layer(x, input_pos, cache, through=through_region)
+
+
+def run_inline_step(model: Transformer, idx: Tensor, input_pos: Tensor, caches,
+                    block: Callable = run_baked_block) -> Tensor:
+    """run_step with every block traced inline, for a step with its weights baked in; each
+    block's step through its cache is one nested region (`through_region`)."""
+    return model.run(idx, input_pos, caches, block=block)
 
 
 _COMPRESS = {}  # backend -> RegionCache's compression steps compiled with it (shared by every

@@ -37,6 +37,7 @@ widening costs more than it saves below 8 rows (docs/PERFORMANCE.md, section 6i)
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from contextlib import contextmanager
 from typing import Callable
@@ -305,11 +306,30 @@ def baking_backend(model: nn.Module, options: dict) -> Callable:
         gm.recompile()
         backend.baked = len(example_inputs) - len(kept)
         backend.graphs += 1
-        with warnings.catch_warnings():  # Inductor's autotuner's own deprecated storage call
+        with warnings.catch_warnings(), _templates_parsed_once():
+            # Inductor's autotuner's own deprecated storage call
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
             return compile_fx(gm, kept, config_patches=patches)
     backend.graphs = 0
     return backend
+
+
+@contextmanager
+def _templates_parsed_once():
+    """Inductor parses and compiles a kernel template's jinja source again on every render
+    (torch 2.13): the 151 GEMMs of a baked step, rendered to be timed and then for good, spent
+    11 of its 37 s of compile there. While this holds, one parse per source serves them all
+    (a template's render keeps no state). Another Inductor's layout is left as it is."""
+    from torch._inductor.codegen.common import KernelTemplate
+    parse = KernelTemplate.__dict__.get("_template_from_string")
+    if not isinstance(parse, staticmethod):
+        yield
+        return
+    KernelTemplate._template_from_string = staticmethod(functools.lru_cache(None)(parse.__func__))
+    try:
+        yield
+    finally:
+        KernelTemplate._template_from_string = parse
 
 
 def _probe(linear: nn.Linear, packed: PackedLinear) -> None:

@@ -33,7 +33,9 @@ sees the machine in the same state:
                   regions are refused there)
     frozen        the step that --bake_weights compiles (engine.generation.baked_step): blocks
                   inline, the linears' weights baked in as constants, Inductor's C++ GEMM
-                  template for each
+                  template for each, each block's step through its cache one nested region
+    frozeninline  frozen with the steps through the caches traced inline as well, as
+                  --bake_weights compiled it before section 6zc
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
@@ -56,7 +58,7 @@ from engine.cli import DTYPES  # noqa: E402
 from engine.default_model import resolve_checkpoint  # noqa: E402
 
 VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize", "headout", "unstored",
-            "customop", "onednn", "unrolled", "cppwrap", "frozen")
+            "customop", "onednn", "unrolled", "cppwrap", "frozen", "frozeninline")
 
 
 @torch.library.custom_op("decode_ab::stored", mutates_args=())
@@ -96,6 +98,12 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     onednn, engine_streamed = own_step_graph(), dense.streamed
     unrolled, cppwrap = own_step_graph(), own_step_graph({**G.STEP_OPTIONS, "cpp_wrapper": True})
     frozen = G.baked_step(model)  # --bake_weights
+    inline = torch.compile(run_all_inline, fullgraph=True, dynamic=False,
+                           backend=model.baking_backend)
+
+    def frozeninline(*args):
+        with dense.baking():
+            return inline(*args)
     out = torch.compile(run_step_out, fullgraph=True, dynamic=False, options=G.STEP_OPTIONS)
 
     def headout(*args):
@@ -110,13 +118,18 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
                             "realize": realize, "headout": headout,
                             "unstored": unstored, "customop": customop,
                             "onednn": onednn, "unrolled": unrolled,
-                            "cppwrap": cppwrap, "frozen": frozen}.get(variant, graph)
+                            "cppwrap": cppwrap, "frozen": frozen,
+                            "frozeninline": frozeninline}.get(variant, graph)
         model.block_step = {"regional": regional, "unrolled": G.run_block,
                             "cppwrap": G.run_block}.get(variant, nested)
 
     print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")
     interleave(s, variants, use, rounds, steps)
     use("graph")
+
+
+def run_all_inline(model, idx, input_pos, caches):
+    return G.run_inline_step(model, idx, input_pos, caches, block=G.run_block)
 
 
 def own_step_graph(options: dict = G.STEP_OPTIONS) -> Callable:
