@@ -233,7 +233,7 @@ def main(argv=None) -> None:
     compile_s = None
     if args.compile:
         if not args.json:
-            print("compiling the decode step" + (" with the weights baked in (1-3 minutes)"
+            print("compiling the decode step" + (" with the weights baked in (about half a minute)"
                   if args.bake_weights else "") + "...", file=sys.stderr)
         compile_s = gen.warmup(args.temperature, args.top_k)
         if not args.json:

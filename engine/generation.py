@@ -135,7 +135,7 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     bake_weights (CPU, Inductor): the step graph inlines its blocks and holds the linears'
     weights as constants, each product a GEMM kernel of Inductor's own generated into the
     graph (quantize.dense.baking_backend): 25-30% faster bfloat16 steps on an AMX CPU, for a
-    longer compile (1-3 minutes, in every process: Inductor's caches did not shorten it).
+    longer compile (20-30 s, in every process: Inductor's caches do not serve a frozen graph).
     """
     allow_many_graphs()
     if whole_step is None:
