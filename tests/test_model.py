@@ -359,12 +359,18 @@ def test_a_cpu_without_bfloat16_matmuls_reads_values_in_float32(monkeypatch):
 def test_a_step_with_its_weights_baked_in_matches_eager_and_reads_its_caches_live(monkeypatch):
     """--bake_weights: the linears' weights become constants of the step graph, every cache
     buffer stays an input (the caches compress during these steps, between graph calls), and
-    another model gets its own graph; the heap each compile freed is given back once."""
+    another model gets its own graph; each block's step through its cache is one nested region
+    (the same subgraph for every layer: a short compile), and the heap each compile freed is
+    given back once."""
+    import torch._inductor.compile_fx as inductor
     import engine.generation as G
     from quantize.dense import PackedLinear, pack_dense_linears
     torch._dynamo.reset()
     trims, release = [], G.release_freed_heap
     monkeypatch.setattr(G, "release_freed_heap", lambda: trims.append(release()))  # glibc: True
+    graphs, compile_fx = [], inductor.compile_fx
+    monkeypatch.setattr(inductor, "compile_fx", lambda gm, *a, **k: graphs.append(gm) or
+                        compile_fx(gm, *a, **k))
     make = make_cache_factory("weightedkv", cache_size=24)
     prompt = list(range(3, 40))
     for seed in (0, 1):
@@ -376,3 +382,6 @@ def test_a_step_with_its_weights_baked_in_matches_eager_and_reads_its_caches_liv
         assert model.baking_backend.baked == weights  # each linear's weight, nothing else
         assert trims == [True] * model.baking_backend.graphs and trims
         trims.clear()
+        regions = [n.args[0].target for n in graphs[-1].graph.nodes
+                   if n.target is torch.ops.higher_order.invoke_subgraph]
+        assert len(regions) == len(model.layers) and len(set(regions)) == 1
