@@ -99,9 +99,11 @@ class TextStream:
     """Prints decoded text as tokens arrive (an incremental detokenizer: linear in the length of
     the output); holds back incomplete UTF-8 sequences."""
 
-    def __init__(self, tokenizer, skip_ids, out=sys.stdout):
+    def __init__(self, tokenizer, skip_ids, out=None):
         from engine.tokenizer import StreamingDetokenizer
-        self.detok, self.skip, self.out = StreamingDetokenizer(tokenizer), set(skip_ids), out
+        self.detok, self.skip = StreamingDetokenizer(tokenizer), set(skip_ids)
+        # sys.stdout as it is now: under torchrun, ranks after 0 have replaced it (engine/tp.py)
+        self.out = out or sys.stdout
 
     def __call__(self, token_id: int) -> None:
         if token_id in self.skip:

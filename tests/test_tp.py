@@ -118,6 +118,16 @@ def test_sampling_ranks_agree_without_a_seed(tiny_ckpt):
     assert len(json.loads(two.stdout)["token_ids"]) >= 2  # no rank diverged (no hang)
 
 
+def test_the_text_streams_from_rank_0_alone(tiny_ckpt):
+    args = ["generate.py", "--checkpoint_path", tiny_ckpt, "--prompt", "Once",
+            "--max_new_tokens", 8, "--temperature", 0]
+    one = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    two = torchrun(2, *args)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
+    assert two.stdout == one.stdout and one.stdout.startswith("Once")
+
+
 @pytest.mark.slow  # as above; the tiny matrix compares every policy's NLL on two ranks
 def test_eval_ppl_on_three_ranks_equals_one(default_checkpoint):
     args = ["eval.py", "ppl", "--text_file", ROOT / "tests" / "data" / "kjv_genesis_1_2.txt",
