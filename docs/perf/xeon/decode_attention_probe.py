@@ -1,7 +1,9 @@
 """Probe (PERFORMANCE 6z): one layer's compiled decode attention as the step's reductions read
 it (3 KV heads, 3 query rows each, head dim 64, bfloat16 keys and values over S slots), its
 scores and its mix alone, and SDPA on the same shapes; then the variants 6z measured: one
-reduction a query row (`rows`), and the keys laid out along the slots (`keys along slots`):
+reduction a query row (`rows`), and the keys laid out along the slots (`keys along slots`);
+and those 6zc measured: the scores through regionkv::exact_matmul (oneDNN, float32 out), and
+the slots as the outer loop (scores [B, S, Hkv, G]):
 
     python docs/perf/xeon/decode_attention_probe.py [S]
 
@@ -9,8 +11,12 @@ Prints µs a call (the best of five runs of 200) and the bytes of K and V read p
 """
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+import quantize.dense  # noqa: E402, F401  (registers regionkv::exact_matmul)
 
 torch.set_num_threads(2)
 S = int(sys.argv[1]) if len(sys.argv) > 1 else 4120
@@ -61,11 +67,39 @@ def scores_rows_along_slots(q, k, v):
                        dim=-2)
 
 
+def scores_exact_matmul(q, k, v):
+    return torch.ops.regionkv.exact_matmul(q, k.transpose(-1, -2))
+
+
+def attention_exact_matmul(q, k, v):
+    p = torch.softmax(scores_exact_matmul(q, k, v) / 8, -1)
+    return (p.unsqueeze(-1) * v.unsqueeze(-3).float()).sum(-2)
+
+
+def scores_slots_outer(q, k, v):  # [B, S, Hkv, G]
+    return (k.transpose(1, 2).unsqueeze(3).float() * q.unsqueeze(1).float()).sum(-1)
+
+
+def attention_slots_outer(q, k, v):
+    p = torch.softmax(scores_slots_outer(q, k, v) / 8, 1)
+    return (p.unsqueeze(-1) * v.transpose(1, 2).unsqueeze(3).float()).sum(1)
+
+
+def attention_slots_outer_back(q, k, v):  # scores slots-outer, the rest in the step's layout
+    p = torch.softmax(scores_slots_outer(q, k, v).permute(0, 2, 3, 1) / 8, -1)
+    return (p.unsqueeze(-1) * v.unsqueeze(-3).float()).sum(-2)
+
+
 for name, f, nbytes in (("attention", attention, 2), ("scores", scores, 1), ("mix", mix, 1),
                         ("sdpa", sdpa, 2), ("attention, rows", attention_rows, 2),
                         ("scores, rows", scores_rows, 1),
                         ("scores, keys along slots", scores_along_slots, 1),
-                        ("scores, rows, keys along slots", scores_rows_along_slots, 1)):
+                        ("scores, rows, keys along slots", scores_rows_along_slots, 1),
+                        ("scores, exact_matmul", scores_exact_matmul, 1),
+                        ("attention, exact_matmul", attention_exact_matmul, 2),
+                        ("scores, slots outer", scores_slots_outer, 1),
+                        ("attention, slots outer", attention_slots_outer, 2),
+                        ("attention, slots outer, back", attention_slots_outer_back, 2)):
     c = torch.compile(f, fullgraph=True, dynamic=False)
     for _ in range(20):
         c(q, k, v)
