@@ -47,6 +47,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from quantize import gemv
+
 DTYPES = (torch.float32, torch.bfloat16)
 STREAM_ROWS = 2  # the reduction reads the weight once per row: from 4 rows on, oneDNN wins
 # Without oneDNN (plain weights), from this many rows on a float32 GEMM over the weight widened
@@ -60,6 +62,15 @@ STORE_NORMS = True
 # AMX, measured the reverse: docs/PERFORMANCE.md, 6b).
 _AMX = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
 STREAMED_DTYPES = (torch.float32,) if _AMX else DTYPES
+# Whether a compiled few-row step's streamed linears call the engine's GEMV kernel (quantize/
+# gemv.py) where it builds, for every dtype: it reads faster than both the reduction and oneDNN
+# (docs/PERFORMANCE.md, section 6zd). False keeps the reductions (probes, A/B).
+GEMV = True
+
+
+def by_kernel() -> bool:
+    """Whether compiled few-row steps stream their linears through the GEMV kernel."""
+    return GEMV and gemv.available()
 
 
 # True while a compiled step whose linear weights are baked into its graph runs (`baking`):
@@ -153,8 +164,10 @@ class PackedLinear(nn.Module):
                 self.packed, self.out_features, self.in_features)
             y = F.linear(x, w)
         elif self.plain is not None and streamed(x):
-            # float32 products summed in float32, rounded once, as oneDNN does for bfloat16
-            y = (self.plain.float() * x.float().unsqueeze(-2)).sum(-1).to(x.dtype)
+            if by_kernel() and x.dtype == self.plain.dtype:
+                y = gemv.gemv(x, self.plain)
+            else:  # float32 products summed in float32, rounded once, as oneDNN does
+                y = (self.plain.float() * x.float().unsqueeze(-2)).sum(-1).to(x.dtype)
         elif self.onednn:
             y = packed_linear(x, self.packed, self.out_features)
         elif x.numel() >= WIDEN_ROWS * self.in_features:
@@ -216,7 +229,7 @@ def _store_streamed_input(norm: nn.Module, args, out: Tensor) -> Tensor:
     # 1); an opaque copy makes it store the row once. It pays where the cores bound the step
     # (machine A, bfloat16: 6-10% a step), not where the copy's call (61 a step) costs more
     # (docs/PERFORMANCE.md, sections 6n, 6q).
-    if STORE_NORMS and streamed(out):
+    if STORE_NORMS and streamed(out) and not by_kernel():  # a kernel's input is stored anyway
         return stored(out)
     return out
 
@@ -245,13 +258,16 @@ def pack_dense_linears(model: nn.Module) -> nn.Module:
 def stream_compiled_decode(model: nn.Module) -> int:
     """Keep a plain weight next to every PackedLinear of the model's blocks (a copy), and of a
     head tied to the embedding (the table itself), which a compiled step of at most
-    STREAM_ROWS rows reads as a reduction, for the dtypes in STREAMED_DTYPES. An untied head
-    stays on oneDNN: a copy of a large vocabulary's head costs more memory than its step
-    saves. Without oneDNN for the dtype, the norms before those linears store their output
-    once in such a step (a forward hook). Returns the bytes added."""
+    STREAM_ROWS rows reads through the GEMV kernel (every dtype), or where it does not build
+    as a reduction (the dtypes in STREAMED_DTYPES). An untied head stays on oneDNN: a copy of a
+    large vocabulary's head costs more memory than its step saves. Without oneDNN for the
+    dtype, the norms before those linears store their output once in such a step (a forward
+    hook). Returns the bytes added."""
+    dtypes = DTYPES if by_kernel() else STREAMED_DTYPES
+
     def streams(linear) -> bool:  # oneDNN's only, of a dtype that streams faster
         return isinstance(linear, PackedLinear) and linear.plain is None and \
-            linear.packed.dtype in STREAMED_DTYPES
+            linear.packed.dtype in dtypes
     added = 0
     for module in model.layers.modules():
         if streams(module):

@@ -36,6 +36,9 @@ sees the machine in the same state:
                   template for each, each block's step through its cache one nested region
     frozeninline  frozen with the steps through the caches traced inline as well, as
                   --bake_weights compiled it before section 6zc
+    reductions    the engine's step with its streamed linears as Inductor's reductions over the
+                  plain weights instead of the GEMV kernel (quantize.dense.GEMV = False; the
+                  engine's step before section 6zd where oneDNN has no faster kernel)
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
@@ -58,7 +61,8 @@ from engine.cli import DTYPES  # noqa: E402
 from engine.default_model import resolve_checkpoint  # noqa: E402
 
 VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize", "headout", "unstored",
-            "customop", "onednn", "unrolled", "cppwrap", "frozen", "frozeninline")
+            "customop", "onednn", "unrolled", "cppwrap", "frozen", "frozeninline",
+            "reductions")
 
 
 @torch.library.custom_op("decode_ab::stored", mutates_args=())
@@ -96,6 +100,7 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     realize = own_step_graph({**G.STEP_OPTIONS, "realize_acc_reads_threshold": 2})
     unstored, customop, engine_stored = own_step_graph(), own_step_graph(), dense.stored
     onednn, engine_streamed = own_step_graph(), dense.streamed
+    reductions = own_step_graph()
     unrolled, cppwrap = own_step_graph(), own_step_graph({**G.STEP_OPTIONS, "cpp_wrapper": True})
     frozen = G.baked_step(model)  # --bake_weights
     inline = torch.compile(run_all_inline, fullgraph=True, dynamic=False,
@@ -114,12 +119,14 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
         dense.STORE_NORMS = variant != "unstored"
         dense.stored = custom_stored if variant == "customop" else engine_stored
         dense.streamed = (lambda x: False) if variant == "onednn" else engine_streamed
+        dense.GEMV = variant != "reductions"
         model.step_graph = {"regional": None, "reorder": reorder, "asserts": asserts,
                             "realize": realize, "headout": headout,
                             "unstored": unstored, "customop": customop,
                             "onednn": onednn, "unrolled": unrolled,
                             "cppwrap": cppwrap, "frozen": frozen,
-                            "frozeninline": frozeninline}.get(variant, graph)
+                            "frozeninline": frozeninline,
+                            "reductions": reductions}.get(variant, graph)
         model.block_step = {"regional": regional, "unrolled": G.run_block,
                             "cppwrap": G.run_block}.get(variant, nested)
 

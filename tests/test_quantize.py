@@ -441,13 +441,15 @@ def backend_recording(graphs: list):
 @pytest.mark.parametrize("onednn", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype, onednn, monkeypatch):
-    """onednn=False: as on a CPU without oneDNN's kernel for dtype (an AVX2-only CPU in
+    """Where the GEMV kernel does not build (quantize.dense.GEMV False acts it).
+    onednn=False: as on a CPU without oneDNN's kernel for dtype (an AVX2-only CPU in
     bfloat16): the same reduction, over the weight itself, and a float32 GEMM for more rows.
     (Both dtypes stream here, as on a CPU without AMX: see the next test.)"""
     import quantize.dense as dense
     from engine.generation import compile_decode, decode_one_token
     from quantize.dense import (STREAM_ROWS, PackedLinear, pack_dense_linears,
                                 stream_compiled_decode)
+    monkeypatch.setattr(dense, "GEMV", False)
     monkeypatch.setattr(dense, "STREAMED_DTYPES", dense.DTYPES)
     if not onednn:
         without_onednn(monkeypatch)
@@ -510,13 +512,15 @@ def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype, onednn,
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_on_an_amx_cpu_compiled_bfloat16_steps_stay_on_onednn(dtype, monkeypatch):
-    """Where oneDNN's bfloat16 kernel streams faster than the reduction (a CPU with AMX),
-    a compiled one-row step calls it, and no plain copies are made; float32 still streams,
-    as do plain-only bfloat16 linears (a CPU without oneDNN's bfloat16 kernel)."""
+    """Where oneDNN's bfloat16 kernel streams faster than the reduction (a CPU with AMX) and
+    the GEMV kernel does not build, a compiled one-row step calls oneDNN, and no plain copies
+    are made; float32 still streams, as do plain-only bfloat16 linears (a CPU without oneDNN's
+    bfloat16 kernel)."""
     import quantize.dense as dense
     from engine.generation import compile_decode, decode_one_token
     from model import run_head
     from quantize.dense import PackedLinear, pack_dense_linears, stream_compiled_decode
+    monkeypatch.setattr(dense, "GEMV", False)
     monkeypatch.setattr(dense, "STREAMED_DTYPES", (torch.float32,))
     streams = dtype == torch.float32 or not onednn_packs(dtype)
     m = pack_dense_linears(tiny_model(tie_embeddings=True).to(dtype))
@@ -539,6 +543,113 @@ def test_on_an_amx_cpu_compiled_bfloat16_steps_stay_on_onednn(dtype, monkeypatch
         torch.testing.assert_close(step(lin, x), F.linear(x.float(), lin.weight.float()).to(dtype),
                                    **tol)
         assert any("packed_linear" in t for t in graphs[-1]) != streams, graphs[-1]
+
+
+def gemv_kernels() -> list:
+    """The kernels of quantize/gemv.cpp this CPU runs: the portable one, and up to the best."""
+    from quantize import gemv
+    assert gemv.available(), "the GEMV kernel builds on every x86 machine of the pool"
+    return list(range(gemv.KERNEL + 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_gemv_kernel_gives_the_float32_sum_rounded_once(dtype):
+    """regionkv::gemv: x @ w.T for 1 or 2 rows, float32 products and sums rounded once to the
+    dtype, by each kernel this CPU has (tails of rows and of features included), for any
+    leading shape and a strided x; bad input is a clear error, not a crash."""
+    from quantize.gemv import gemv
+    g = torch.Generator().manual_seed(0)
+    for n, k in [(960, 576), (7, 40), (130, 34), (3, 1536)]:
+        w = torch.randn(n, k, generator=g).to(dtype)
+        for shape in [(1, k), (2, k), (2, 1, k), (k,)]:
+            x = torch.randn(*shape, generator=g).to(dtype)
+            want = x.double() @ w.double().T
+            for kernel in gemv_kernels():
+                got = gemv(x, w, kernel)
+                assert got.dtype == dtype and got.shape == want.shape, (kernel, shape)
+                if dtype == torch.float32:
+                    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+                else:  # the exact sum rounded once: at most an ulp off from float32's order
+                    ulp = want.abs().clamp(min=1e-3) * 2 ** -7
+                    assert ((got.double() - want).abs() <= ulp).all(), (kernel, n, k, shape)
+        x = torch.randn(2, 2 * k, generator=g).to(dtype)[:, ::2]  # not contiguous
+        torch.testing.assert_close(gemv(x, w).double(), x.double() @ w.double().T,
+                                   rtol=1e-2, atol=1e-2)
+    w = torch.randn(8, 16).to(dtype)
+    with pytest.raises(RuntimeError, match="1 or 2 rows"):
+        gemv(torch.randn(3, 16).to(dtype), w)
+    with pytest.raises(RuntimeError, match="must both be float32 or both bfloat16"):
+        gemv(torch.randn(1, 16, dtype=torch.float64), w)
+    with pytest.raises(RuntimeError, match="features"):
+        gemv(torch.randn(1, 15).to(dtype), w)
+    with pytest.raises(RuntimeError, match="kernel 7 does not run here"):
+        gemv(torch.randn(1, 16).to(dtype), w, 7)
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_few_row_steps_call_the_gemv_kernel(dtype, onednn, monkeypatch):
+    """Where the GEMV kernel builds, a compiled step of 1 or 2 rows streams every block linear
+    and a tied head through it, in both dtypes (a plain copy beside oneDNN's, also where AMX
+    keeps bfloat16 on oneDNN otherwise), with no stored norms; more rows stay on oneDNN."""
+    from engine.generation import compile_decode, decode_one_token
+    from model import run_head
+    from quantize.dense import (STREAM_ROWS, PackedLinear, pack_dense_linears,
+                                stream_compiled_decode)
+    gemv_kernels()
+    if not onednn:
+        without_onednn(monkeypatch)
+    onednn = onednn and onednn_packs(dtype)
+    m = pack_dense_linears(tiny_model(tie_embeddings=True, attention_bias=True).to(dtype))
+    compile_decode(decode_one_token, m, backend="eager", rows=1)
+    linears = [mod for mod in m.modules() if isinstance(mod, PackedLinear)]
+    assert len(linears) == 11 and all(lin.plain is not None for lin in linears)
+    assert m.output.plain.data_ptr() == m.tok_embeddings.weight.data_ptr()
+    assert stream_compiled_decode(m) == 0
+    graphs = []
+    backend = backend_recording(graphs)
+
+    def norms_and_linears(b, h):
+        return b.attention.wqkv(b.attention_norm(h)), b.feed_forward(b.ffn_norm(h))
+    step = torch.compile(norms_and_linears, fullgraph=True, dynamic=False, backend=backend)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    with torch.inference_mode():
+        for rows in (1, STREAM_ROWS, STREAM_ROWS + 1):
+            x = torch.randn(rows, 1, m.args.dim, dtype=dtype)
+            for got, want in zip(step(m.layers[0], x), norms_and_linears(m.layers[0], x)):
+                torch.testing.assert_close(got, want, **tol)
+            calls = sum("regionkv.gemv" in t for t in graphs[-1])
+            assert calls == (4 if rows <= STREAM_ROWS else 0), (rows, graphs[-1])
+            assert not any("regionkv.stored" in t for t in graphs[-1])
+        head = torch.compile(run_head, fullgraph=True, dynamic=False, backend=backend)
+        x = torch.randn(1, 1, m.args.dim, dtype=dtype)
+        torch.testing.assert_close(head(m.norm, m.output, x), run_head(m.norm, m.output, x),
+                                   **tol)
+        assert sum("regionkv.gemv" in t for t in graphs[-1]) == 1, graphs[-1]
+
+
+def test_without_a_build_of_the_gemv_kernel_compiled_steps_read_reductions(monkeypatch):
+    """A machine that cannot build gemv.cpp (no compiler, no ninja) warns once, in one line,
+    and its compiled steps read the plain weights as reductions, as before the kernel."""
+    import torch.utils.cpp_extension as ext
+    from quantize import dense, gemv
+
+    def no_ninja(*args, **kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions\n(the rest)")
+    monkeypatch.setattr(ext, "load", no_ninja)
+    monkeypatch.setattr(gemv, "_built", None)
+    with pytest.warns(UserWarning, match=r"did not build \(Ninja is required to load C\+\+ "
+                                         r"extensions\); compiled steps read their weights"):
+        assert not gemv.available()
+    assert not gemv.available() and not dense.by_kernel()  # decided once: no second warning
+    lin = dense.PackedLinear(torch.nn.Linear(16, 8, bias=False))
+    lin.plain = lin.weight.clone()
+    graphs = []
+    step = torch.compile(lambda lin, h: lin(h), fullgraph=True, dynamic=False,
+                         backend=backend_recording(graphs))
+    x = torch.randn(1, 16)
+    torch.testing.assert_close(step(lin, x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
+    assert not any("gemv" in t or "linear" in t for t in graphs[-1]), graphs[-1]
 
 
 def test_exact_matmul_of_bfloat16_is_the_float32_product_and_leaves_the_math_mode():
