@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+import kernels
 from quantize.dense import exact_matmul, stored
 from quantize.kv import codes
 
@@ -209,6 +210,8 @@ class KVSegment(NamedTuple):
                 s = qw.flatten(-2) @ kw.flatten(-2).transpose(-1, -2)
             return s * self.k_scale.transpose(-1, -2)
         if reduces(q, False):
+            if kernels.serve_attention(self.k):  # each key read once for all rows
+                return kernels.scores(q.to(self.k.dtype), self.k)
             # The keys are read once and widened in registers; a matmul would pay a call's
             # setup for a few rows.
             return (q.float().unsqueeze(-2) * self.k.unsqueeze(-3).float()).sum(-1)
@@ -222,6 +225,8 @@ class KVSegment(NamedTuple):
                 return (p[..., None, None] * vw.unsqueeze(-4)).sum(-3).flatten(-2)
             return p @ vw.flatten(-2)
         if reduces(probs, False):  # as in scores
+            if kernels.serve_attention(self.v):
+                return kernels.mix(probs, self.v)
             return (probs.unsqueeze(-1) * self.v.unsqueeze(-3).float()).sum(-2)
         if self.v.device.type != "cpu" or CPU_BF16_MATMUL:
             return (probs.to(self.v.dtype) @ self.v).float()

@@ -27,6 +27,7 @@ from caches import CacheFactory, build_caches, make_cache_factory
 from caches.snapkv import compresses_whole, prefill_whole
 from caches.region import RegionCache
 from core.errors import UserError
+import kernels
 from model import Transformer, block_input, block_output, through_cache
 from quantize.dense import STREAM_ROWS, baking, baking_backend, stream_compiled_decode
 
@@ -138,6 +139,8 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     longer compile (20-30 s, in every process: Inductor's caches do not serve a frozen graph).
     """
     allow_many_graphs()
+    if model.device.type == "cpu":
+        kernels.available()  # built before a trace asks (a trace cannot build)
     if whole_step is None:
         whole_step = model.device.type == "cuda"
     model.block_step = torch.compiler.nested_compile_region(run_block)
@@ -219,6 +222,8 @@ def compile_prompt(model: Transformer, backend="inductor") -> Callable:
     step through its cache over a chunk, compiled once for every layer (the token steps it
     leaves settle in Transformer.read_by_layer, with the other layers')."""
     allow_many_graphs()
+    if model.device.type == "cpu":
+        kernels.available()  # built before a trace asks (a trace cannot build)
     model.block_step = model.block_step or torch.compiler.nested_compile_region(run_block)
     model.chunk_step = torch.compile(through_cache, fullgraph=True, dynamic=False,
                                      backend=backend,

@@ -47,7 +47,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from quantize import gemv
+import kernels
 
 DTYPES = (torch.float32, torch.bfloat16)
 STREAM_ROWS = 2  # the reduction reads the weight once per row: from 4 rows on, oneDNN wins
@@ -62,16 +62,6 @@ STORE_NORMS = True
 # AMX, measured the reverse: docs/PERFORMANCE.md, 6b).
 _AMX = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
 STREAMED_DTYPES = (torch.float32,) if _AMX else DTYPES
-# Whether a compiled few-row step's streamed linears call the engine's GEMV kernel (quantize/
-# gemv.py) where it builds, for every dtype: it reads faster than both the reduction and oneDNN
-# (docs/PERFORMANCE.md, section 6zd). False keeps the reductions (probes, A/B).
-GEMV = True
-
-
-def by_kernel() -> bool:
-    """Whether compiled few-row steps stream their linears through the GEMV kernel."""
-    return GEMV and gemv.available()
-
 
 # True while a compiled step whose linear weights are baked into its graph runs (`baking`):
 # its trace reads it, and dynamo guards on it, so that graph and the others never mix.
@@ -164,8 +154,8 @@ class PackedLinear(nn.Module):
                 self.packed, self.out_features, self.in_features)
             y = F.linear(x, w)
         elif self.plain is not None and streamed(x):
-            if by_kernel() and x.dtype == self.plain.dtype:
-                y = gemv.gemv(x, self.plain)
+            if kernels.serve_linears() and x.dtype == self.plain.dtype:
+                y = kernels.gemv(x, self.plain)
             else:  # float32 products summed in float32, rounded once, as oneDNN does
                 y = (self.plain.float() * x.float().unsqueeze(-2)).sum(-1).to(x.dtype)
         elif self.onednn:
@@ -229,7 +219,7 @@ def _store_streamed_input(norm: nn.Module, args, out: Tensor) -> Tensor:
     # 1); an opaque copy makes it store the row once. It pays where the cores bound the step
     # (machine A, bfloat16: 6-10% a step), not where the copy's call (61 a step) costs more
     # (docs/PERFORMANCE.md, sections 6n, 6q).
-    if STORE_NORMS and streamed(out) and not by_kernel():  # a kernel's input is stored anyway
+    if STORE_NORMS and streamed(out) and not kernels.serve_linears():  # a kernel stores it
         return stored(out)
     return out
 
@@ -263,7 +253,7 @@ def stream_compiled_decode(model: nn.Module) -> int:
     large vocabulary's head costs more memory than its step saves. Without oneDNN for the
     dtype, the norms before those linears store their output once in such a step (a forward
     hook). Returns the bytes added."""
-    dtypes = DTYPES if by_kernel() else STREAMED_DTYPES
+    dtypes = DTYPES if kernels.serve_linears() else STREAMED_DTYPES
 
     def streams(linear) -> bool:  # oneDNN's only, of a dtype that streams faster
         return isinstance(linear, PackedLinear) and linear.plain is None and \

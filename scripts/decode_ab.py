@@ -37,8 +37,11 @@ sees the machine in the same state:
     frozeninline  frozen with the steps through the caches traced inline as well, as
                   --bake_weights compiled it before section 6zc
     reductions    the engine's step with its streamed linears as Inductor's reductions over the
-                  plain weights instead of the GEMV kernel (quantize.dense.GEMV = False; the
+                  plain weights instead of the GEMV kernel (kernels.LINEARS = False; the
                   engine's step before section 6zd where oneDNN has no faster kernel)
+    attnreduce    the engine's step with attention's scores and mix as Inductor's reductions
+                  instead of the attention kernels (kernels.ATTENTION = False; section 6zd)
+    before6zd     both: the engine's step before section 6zd (with "onednn" where AMX is)
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
@@ -53,6 +56,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model as M  # noqa: E402
+import kernels  # noqa: E402
 import quantize.dense as dense  # noqa: E402
 from caches import POLICIES, make_cache_factory  # noqa: E402
 from engine import generation as G  # noqa: E402
@@ -62,7 +66,7 @@ from engine.default_model import resolve_checkpoint  # noqa: E402
 
 VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize", "headout", "unstored",
             "customop", "onednn", "unrolled", "cppwrap", "frozen", "frozeninline",
-            "reductions")
+            "reductions", "attnreduce", "before6zd")
 
 
 @torch.library.custom_op("decode_ab::stored", mutates_args=())
@@ -100,7 +104,7 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     realize = own_step_graph({**G.STEP_OPTIONS, "realize_acc_reads_threshold": 2})
     unstored, customop, engine_stored = own_step_graph(), own_step_graph(), dense.stored
     onednn, engine_streamed = own_step_graph(), dense.streamed
-    reductions = own_step_graph()
+    reductions, attnreduce, before6zd = own_step_graph(), own_step_graph(), own_step_graph()
     unrolled, cppwrap = own_step_graph(), own_step_graph({**G.STEP_OPTIONS, "cpp_wrapper": True})
     frozen = G.baked_step(model)  # --bake_weights
     inline = torch.compile(run_all_inline, fullgraph=True, dynamic=False,
@@ -119,14 +123,18 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
         dense.STORE_NORMS = variant != "unstored"
         dense.stored = custom_stored if variant == "customop" else engine_stored
         dense.streamed = (lambda x: False) if variant == "onednn" else engine_streamed
-        dense.GEMV = variant != "reductions"
+        kernels.LINEARS = variant not in ("reductions", "before6zd")
+        kernels.ATTENTION = variant not in ("attnreduce", "before6zd")
+        if variant == "before6zd" and dense._AMX and model.dtype == torch.bfloat16:
+            dense.streamed = lambda x: False  # oneDNN's bfloat16 linears, as then
         model.step_graph = {"regional": None, "reorder": reorder, "asserts": asserts,
                             "realize": realize, "headout": headout,
                             "unstored": unstored, "customop": customop,
                             "onednn": onednn, "unrolled": unrolled,
                             "cppwrap": cppwrap, "frozen": frozen,
                             "frozeninline": frozeninline,
-                            "reductions": reductions}.get(variant, graph)
+                            "reductions": reductions, "attnreduce": attnreduce,
+                            "before6zd": before6zd}.get(variant, graph)
         model.block_step = {"regional": regional, "unrolled": G.run_block,
                             "cppwrap": G.run_block}.get(variant, nested)
 

@@ -340,6 +340,69 @@ def test_int8_stretches_attend_as_their_dequantized_values_do(compiled, dtype, w
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_attention_kernel_reads_strided_stretches_exactly(dtype):
+    """kernels.scores / kernels.mix (a compiled CPU step's attention over a cached stretch):
+    q.k and p @ v in float32 for any number of query rows, head sizes in registers (64, 128)
+    and not (40), a stretch sliced out of a larger buffer, by every kernel this CPU has,
+    against float64; bad input is a clear error."""
+    import kernels
+    assert kernels.available(), "the decode kernels build on every x86 machine of the pool"
+    g = torch.Generator().manual_seed(0)
+    for b, h, m, s, d in [(1, 3, 3, 1030, 64), (2, 2, 1, 5, 40), (1, 1, 16, 300, 128),
+                          (1, 2, 5, 77, 128), (1, 2, 7, 129, 64)]:
+        k = torch.randn(b, h, s + 9, d, generator=g).to(dtype)[:, :, 4:4 + s]
+        v = torch.randn(b, h + 1, s + 9, d, generator=g).to(dtype)[:, 1:, 2:2 + s]
+        q = torch.randn(b, h, m, d, generator=g).to(dtype)
+        p = torch.softmax(torch.randn(b, h, m, s, generator=g), dim=-1)
+        want_s, want_m = q.double() @ k.double().transpose(-1, -2), p.double() @ v.double()
+        for kernel in range(kernels.KERNEL + 1):
+            got_s, got_m = kernels.scores(q, k, kernel), kernels.mix(p, v, kernel)
+            assert got_s.dtype == got_m.dtype == torch.float32
+            torch.testing.assert_close(got_s.double(), want_s, rtol=1e-5, atol=1e-4)
+            torch.testing.assert_close(got_m.double(), want_m, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="cached rows must be contiguous"):
+        kernels.scores(q, k.transpose(-1, -2).contiguous().transpose(-1, -2))
+    with pytest.raises(RuntimeError, match=r"expected \[B, H, M, \*\] against"):
+        kernels.mix(p[0], v)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
+    """A compiled few-row CPU step reads each float stretch through kernels.scores and
+    kernels.mix (INT8 ones through reductions), with the same output and probabilities as
+    eager; kernels.ATTENTION = False keeps Inductor's reductions."""
+    import kernels
+    import model as M
+    from quantize.kv import pack
+    monkeypatch.setattr(kernels, "ATTENTION", on)
+    assert kernels.available()  # built before the trace, as the engine does
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 1, 64, generator=g).bfloat16()
+    kv = [torch.randn(1, 2, n, 64, generator=g).bfloat16() for n in (40, 200)]
+    c = torch.randint(-127, 128, (1, 2, 30, 64), generator=g, dtype=torch.int8)
+    scale = torch.rand(1, 2, 30, 1, generator=g) / 50
+    segs = [M.KVSegment(kv[0], kv[1][:, :, :40]), M.KVSegment(kv[1], kv[1]),
+            M.KVSegment(pack(c), pack(c), scale, scale)]
+    mask = torch.rand(1, 1, 1, 270, generator=g) > 0.2
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes])
+        return gm.forward
+
+    def attend(q, segs, mask):
+        return M.attend(M.KVView(q, segs, mask), need_probs=True)
+    torch._dynamo.reset()
+    got, got_probs = torch.compile(attend, fullgraph=True, backend=recording)(q, segs, mask)
+    want, want_probs = attend(q, segs, mask)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got_probs, want_probs, rtol=1e-4, atol=1e-5)
+    assert sum("regionkv.scores" in t for t in graphs[-1]) == 2 * on
+    assert sum("regionkv.mix" in t for t in graphs[-1]) == 2 * on
+    torch._dynamo.reset()
+
+
 def test_a_cpu_without_bfloat16_matmuls_reads_values_in_float32(monkeypatch):
     """On an AVX2-only CPU (no oneDNN bfloat16) a bfloat16 matmul takes ATen's fallback, 20-35x
     slower than float32 at attention's shapes: the explicit softmax reads V in float32 there,

@@ -5,6 +5,8 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
+
+import kernels
 from caches import build_caches
 from conftest import run_cli, tiny_model
 
@@ -441,7 +443,7 @@ def backend_recording(graphs: list):
 @pytest.mark.parametrize("onednn", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype, onednn, monkeypatch):
-    """Where the GEMV kernel does not build (quantize.dense.GEMV False acts it).
+    """Where the GEMV kernel does not build (kernels.LINEARS False acts it).
     onednn=False: as on a CPU without oneDNN's kernel for dtype (an AVX2-only CPU in
     bfloat16): the same reduction, over the weight itself, and a float32 GEMM for more rows.
     (Both dtypes stream here, as on a CPU without AMX: see the next test.)"""
@@ -449,7 +451,7 @@ def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype, onednn,
     from engine.generation import compile_decode, decode_one_token
     from quantize.dense import (STREAM_ROWS, PackedLinear, pack_dense_linears,
                                 stream_compiled_decode)
-    monkeypatch.setattr(dense, "GEMV", False)
+    monkeypatch.setattr(kernels, "LINEARS", False)
     monkeypatch.setattr(dense, "STREAMED_DTYPES", dense.DTYPES)
     if not onednn:
         without_onednn(monkeypatch)
@@ -520,7 +522,7 @@ def test_on_an_amx_cpu_compiled_bfloat16_steps_stay_on_onednn(dtype, monkeypatch
     from engine.generation import compile_decode, decode_one_token
     from model import run_head
     from quantize.dense import PackedLinear, pack_dense_linears, stream_compiled_decode
-    monkeypatch.setattr(dense, "GEMV", False)
+    monkeypatch.setattr(kernels, "LINEARS", False)
     monkeypatch.setattr(dense, "STREAMED_DTYPES", (torch.float32,))
     streams = dtype == torch.float32 or not onednn_packs(dtype)
     m = pack_dense_linears(tiny_model(tie_embeddings=True).to(dtype))
@@ -546,10 +548,9 @@ def test_on_an_amx_cpu_compiled_bfloat16_steps_stay_on_onednn(dtype, monkeypatch
 
 
 def gemv_kernels() -> list:
-    """The kernels of quantize/gemv.cpp this CPU runs: the portable one, and up to the best."""
-    from quantize import gemv
-    assert gemv.available(), "the GEMV kernel builds on every x86 machine of the pool"
-    return list(range(gemv.KERNEL + 1))
+    """The kernels of kernels/decode.cpp this CPU runs: the portable one, and up to the best."""
+    assert kernels.available(), "the decode kernels build on every x86 machine of the pool"
+    return list(range(kernels.KERNEL + 1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -557,7 +558,7 @@ def test_every_gemv_kernel_gives_the_float32_sum_rounded_once(dtype):
     """regionkv::gemv: x @ w.T for 1 or 2 rows, float32 products and sums rounded once to the
     dtype, by each kernel this CPU has (tails of rows and of features included), for any
     leading shape and a strided x; bad input is a clear error, not a crash."""
-    from quantize.gemv import gemv
+    from kernels import gemv
     g = torch.Generator().manual_seed(0)
     for n, k in [(960, 576), (7, 40), (130, 34), (3, 1536)]:
         w = torch.randn(n, k, generator=g).to(dtype)
@@ -628,26 +629,29 @@ def test_compiled_few_row_steps_call_the_gemv_kernel(dtype, onednn, monkeypatch)
         assert sum("regionkv.gemv" in t for t in graphs[-1]) == 1, graphs[-1]
 
 
-def test_without_a_build_of_the_gemv_kernel_compiled_steps_read_reductions(monkeypatch):
-    """A machine that cannot build gemv.cpp (no compiler, no ninja) warns once, in one line,
-    and its compiled steps read the plain weights as reductions, as before the kernel."""
+def test_without_a_build_of_the_kernels_compiled_steps_read_reductions(monkeypatch):
+    """A machine that cannot build kernels/decode.cpp (no compiler, no ninja) warns once, in
+    one line, and its compiled steps read the plain weights (and the caches) as reductions,
+    as before the kernels; a trace that meets no build yet reads reductions too."""
     import torch.utils.cpp_extension as ext
-    from quantize import dense, gemv
+    from quantize import dense
 
     def no_ninja(*args, **kwargs):
         raise RuntimeError("Ninja is required to load C++ extensions\n(the rest)")
     monkeypatch.setattr(ext, "load", no_ninja)
-    monkeypatch.setattr(gemv, "_built", None)
-    with pytest.warns(UserWarning, match=r"did not build \(Ninja is required to load C\+\+ "
-                                         r"extensions\); compiled steps read their weights"):
-        assert not gemv.available()
-    assert not gemv.available() and not dense.by_kernel()  # decided once: no second warning
+    monkeypatch.setattr(kernels, "_built", None)
     lin = dense.PackedLinear(torch.nn.Linear(16, 8, bias=False))
     lin.plain = lin.weight.clone()
     graphs = []
     step = torch.compile(lambda lin, h: lin(h), fullgraph=True, dynamic=False,
                          backend=backend_recording(graphs))
     x = torch.randn(1, 16)
+    torch.testing.assert_close(step(lin, x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
+    assert kernels._built is None  # the trace did not try
+    with pytest.warns(UserWarning, match=r"did not build \(Ninja is required to load C\+\+ "
+                                         r"extensions\); compiled steps read their weights"):
+        assert not kernels.available()
+    assert not kernels.available() and not kernels.serve_linears()  # decided once
     torch.testing.assert_close(step(lin, x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
     assert not any("gemv" in t or "linear" in t for t in graphs[-1]), graphs[-1]
 

@@ -1,0 +1,113 @@
+"""The engine's own CPU kernels for a compiled decode step (kernels/decode.cpp).
+
+    gemv(x, w)       # x @ w.T for x of 1 or 2 rows: float32 or bfloat16, w plain [N, K]
+    scores(q, k)     # q @ k^T in float32: a few query rows [B, H, M, D] over cached keys
+    mix(p, v)        # p @ v in float32: attention's weights [B, H, M, S] over cached values
+    available()      # whether this machine built and runs them (built once, then cached)
+
+A compiled CPU decode step reads each weight once for one row. oneDNN's inner product pays a
+fixed ~16 µs a call before it reads a byte and streams short rows at 14-20 GB/s; Inductor's
+reduction over a plain weight reads bfloat16 at ~20 GB/s. The GEMV streams a band of rows a
+thread with software prefetch, at 23-29 GB/s on machine C. Decode attention through Inductor's
+reductions reads each key once per query row and sums across vector lanes for every score; the
+attention kernels read each key and value once for the head's query rows
+(docs/PERFORMANCE.md, section 6zd).
+
+They are C++ built by torch's extension loader on first use (~10-20 s, once per machine and
+source: torch caches the library), with the C++ compiler that Inductor needs anyway. Where they
+cannot be built, or the CPU has neither AVX2 nor AVX-512 BF16 (`KERNEL` is None), compiled steps
+keep Inductor's reductions. The ops' schemas live here, so graphs can name them before a build.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import warnings
+
+import torch
+from torch import Tensor
+
+_LIB = torch.library.Library("regionkv", "FRAGMENT")
+_LIB.define("gemv(Tensor x, Tensor w, int isa) -> Tensor")
+_LIB.define("scores(Tensor q, Tensor k, int isa) -> Tensor")
+_LIB.define("mix(Tensor p, Tensor v, int isa) -> Tensor")
+torch.library.register_fake(
+    "regionkv::gemv", lambda x, w, isa: x.new_empty(*x.shape[:-1], w.shape[0]), lib=_LIB)
+torch.library.register_fake(
+    "regionkv::scores", lambda q, k, isa: q.new_empty(*q.shape[:-1], k.shape[-2],
+                                                      dtype=torch.float32), lib=_LIB)
+torch.library.register_fake(
+    "regionkv::mix", lambda p, v, isa: p.new_empty(*p.shape[:-1], v.shape[-1]), lib=_LIB)
+
+PORTABLE, AVX2, AVX512_BF16 = 0, 1, 2  # the kernels of decode.cpp
+# Which parts of a compiled step call them (False keeps Inductor's reductions: probes, A/B).
+LINEARS = True
+ATTENTION = True
+
+
+def best_kernel() -> int | None:
+    """The fastest kernels of decode.cpp for this CPU as ATen sees it (ATEN_CPU_CAPABILITY=avx2
+    acts an AVX2-only machine), or None: the portable ones are for tests, slower than Inductor."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability == "AVX512" and torch.cpu._is_avx512_bf16_supported():
+        return AVX512_BF16
+    return AVX2 if capability in ("AVX2", "AVX512") else None
+
+
+KERNEL = best_kernel()
+_built: bool | None = None
+
+
+def available() -> bool:
+    """Build (or load the cached build of) decode.cpp once; False, with one warning, if not.
+    The engine calls it before it compiles (engine.generation); a trace that meets it first
+    cannot build, and reads reductions (dynamo guards on the outcome: a later build retraces)."""
+    global _built
+    if _built is None:
+        if torch.compiler.is_compiling():
+            return False
+        _built = KERNEL is not None and _build()
+    return _built
+
+
+def _build() -> bool:
+    from torch.utils.cpp_extension import load
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode.cpp")
+    try:
+        load("regionkv_decode", [source], extra_cflags=["-O3", "-fopenmp"],
+             extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+        return True
+    except Exception as e:  # no compiler or ninja: the reductions serve, slower
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(": [")[0][:160]
+        warnings.warn(f"regionkv: the decode kernels did not build ({first}); compiled steps "
+                      f"read their weights and caches as reductions instead, slower (a C++ "
+                      f"compiler and `pip install ninja` build them)", stacklevel=2)
+        return False
+
+
+def serve_linears() -> bool:
+    """Whether compiled few-row steps stream their linears through gemv."""
+    return LINEARS and available()
+
+
+def serve_attention(kv: Tensor) -> bool:
+    """Whether a compiled few-row CPU step attends over this cached stretch with scores/mix."""
+    return ATTENTION and kv.device.type == "cpu" and kv.stride(-1) == 1 and \
+        kv.dtype in (torch.float32, torch.bfloat16) and available()
+
+
+def gemv(x: Tensor, w: Tensor, kernel: int | None = None) -> Tensor:
+    """x @ w.T in x's dtype (float32 sums), x of 1 or 2 rows; available() must be True."""
+    return torch.ops.regionkv.gemv(x, w, KERNEL if kernel is None else kernel)
+
+
+def scores(q: Tensor, k: Tensor, kernel: int | None = None) -> Tensor:
+    """q [B, H, M, D] . k [B, H, S, D] -> [B, H, M, S] float32 (q in k's dtype)."""
+    return torch.ops.regionkv.scores(q, k, KERNEL if kernel is None else kernel)
+
+
+def mix(p: Tensor, v: Tensor, kernel: int | None = None) -> Tensor:
+    """p [B, H, M, S] float32 @ v [B, H, S, D] -> [B, H, M, D] float32."""
+    return torch.ops.regionkv.mix(p, v, KERNEL if kernel is None else kernel)

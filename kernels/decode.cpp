@@ -1,0 +1,510 @@
+// The engine's own CPU kernels for a compiled decode step (kernels/__init__.py builds this file
+// once per machine; docs/PERFORMANCE.md, section 6zd):
+//   regionkv::gemv(x, w, isa)      y = x @ w^T for the one or two rows of a step's linears
+//   regionkv::scores(q, k, isa)    q . k for a few query rows over a stretch of cached keys
+//   regionkv::mix(p, v, isa)       p @ v: attention's weights over a stretch of cached values
+//
+// A decode step reads every weight once for one row: memory bound, ~1 FLOP a byte. Each thread
+// streams one contiguous band of W's rows, four rows at a time (four accumulators in flight, x
+// read once for them), and prefetches the rows 8 KB ahead of its loads: on the pool's VMs the
+// hardware prefetcher alone leaves a quarter of the bandwidth unused on these short rows.
+// Attention reads each cached key and value once for all the query rows of its head (the
+// reductions Inductor writes for it read a key once per row and sum across lanes per row).
+// Products and sums are float32; gemv rounds its sums once to the weight's dtype, as oneDNN
+// does; scores and mix return float32.
+//
+// Kernels by instruction set, each compiled for its own target and called only where the CPU has
+// it (the ops check): 0 portable C++, 1 AVX2 + FMA, 2 AVX-512 BF16 (float32 data: AVX2's).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include <immintrin.h>
+
+namespace {
+
+using bf16 = c10::BFloat16;
+constexpr int64_t kRows = 4;             // W rows a pass
+constexpr int64_t kAheadBytes = 8192;    // prefetch distance along a band
+
+inline float widen(bf16 v) { return static_cast<float>(v); }
+inline float widen(float v) { return v; }
+
+// The rows [r0, r1) of y[M, N] = x[M, K] W[N, K]^T in plain C++: the tails, and the reference.
+template <int M, class T>
+void rows_portable(const T* w, const T* x, T* y, int64_t N, int64_t K, int64_t r0, int64_t r1) {
+  for (int64_t n = r0; n < r1; ++n) {
+    for (int m = 0; m < M; ++m) {
+      float s = 0.f;
+      for (int64_t k = 0; k < K; ++k) s += widen(w[n * K + k]) * widen(x[m * K + k]);
+      y[m * N + n] = static_cast<T>(s);
+    }
+  }
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+__attribute__((target("avx2,fma"))) inline void ahead(const void* p) {
+  _mm_prefetch(static_cast<const char*>(p) + kAheadBytes, _MM_HINT_T0);
+}
+
+// AVX2, float32 weights: 8 lanes a load.
+template <int M>
+__attribute__((target("avx2,fma")))
+void rows_avx2(const float* w, const float* x, float* y, int64_t N, int64_t K, int64_t r0,
+               int64_t r1) {
+  const int64_t K8 = K / 8 * 8;
+  int64_t n = r0;
+  for (; n + kRows <= r1; n += kRows) {
+    __m256 acc[kRows][M];
+    for (auto& a : acc) for (auto& v : a) v = _mm256_setzero_ps();
+    const float* wn = w + n * K;
+    for (int64_t k = 0; k < K8; k += 8) {
+      __m256 xv[M];
+      for (int m = 0; m < M; ++m) xv[m] = _mm256_loadu_ps(x + m * K + k);
+      for (int r = 0; r < kRows; ++r) {
+        if (k % 16 == 0) ahead(wn + r * K + k);  // one prefetch a 64-byte line
+        __m256 wv = _mm256_loadu_ps(wn + r * K + k);
+        for (int m = 0; m < M; ++m) acc[r][m] = _mm256_fmadd_ps(wv, xv[m], acc[r][m]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r)
+      for (int m = 0; m < M; ++m) {
+        float s = hsum(acc[r][m]);
+        for (int64_t k = K8; k < K; ++k) s += wn[r * K + k] * x[m * K + k];
+        y[m * N + n + r] = s;
+      }
+  }
+  rows_portable<M>(w, x, y, N, K, n, r1);
+}
+
+// AVX2, bfloat16 weights, 16 a load without shuffles: a 32-bit lane holds elements 2i (low half)
+// and 2i+1 (high half), so masking gives 2i+1 as a float and shifting gives 2i. x comes split
+// into its even and odd elements, widened once (xe, xo: [M, K/2]).
+template <int M>
+__attribute__((target("avx2,fma")))
+void rows_avx2(const bf16* w, const float* xe, const float* xo, const bf16* x, bf16* y,
+               int64_t N, int64_t K, int64_t r0, int64_t r1) {
+  const int64_t K16 = K / 16 * 16, H = K / 2;
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  int64_t n = r0;
+  for (; n + kRows <= r1; n += kRows) {
+    __m256 acc[kRows][M], odd[kRows][M];  // even and odd elements: two chains, not one
+    for (auto& a : acc) for (auto& v : a) v = _mm256_setzero_ps();
+    for (auto& a : odd) for (auto& v : a) v = _mm256_setzero_ps();
+    const bf16* wn = w + n * K;
+    for (int64_t k = 0; k < K16; k += 16) {
+      __m256 ev[M], od[M];
+      for (int m = 0; m < M; ++m) {
+        ev[m] = _mm256_loadu_ps(xe + m * H + k / 2);
+        od[m] = _mm256_loadu_ps(xo + m * H + k / 2);
+      }
+      for (int r = 0; r < kRows; ++r) {
+        if (k % 32 == 0) ahead(wn + r * K + k);
+        __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wn + r * K + k));
+        __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        __m256 hi = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+        for (int m = 0; m < M; ++m) {
+          acc[r][m] = _mm256_fmadd_ps(lo, ev[m], acc[r][m]);
+          odd[r][m] = _mm256_fmadd_ps(hi, od[m], odd[r][m]);
+        }
+      }
+    }
+    for (int r = 0; r < kRows; ++r)
+      for (int m = 0; m < M; ++m) {
+        float s = hsum(_mm256_add_ps(acc[r][m], odd[r][m]));
+        for (int64_t k = K16; k < K; ++k) s += widen(wn[r * K + k]) * widen(x[m * K + k]);
+        y[m * N + n + r] = static_cast<bf16>(s);
+      }
+  }
+  rows_portable<M>(w, x, y, N, K, n, r1);
+}
+
+// AVX-512 BF16: one instruction multiplies 32 bfloat16 pairs and adds them into 16 floats.
+template <int M>
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+void rows_avx512bf16(const bf16* w, const bf16* x, bf16* y, int64_t N, int64_t K, int64_t r0,
+                     int64_t r1) {
+  const int64_t K32 = K / 32 * 32;
+  int64_t n = r0;
+  for (; n + kRows <= r1; n += kRows) {
+    __m512 acc[kRows][M];
+    for (auto& a : acc) for (auto& v : a) v = _mm512_setzero_ps();
+    const bf16* wn = w + n * K;
+    for (int64_t k = 0; k < K32; k += 32) {
+      __m512bh xv[M];
+      for (int m = 0; m < M; ++m) xv[m] = (__m512bh)_mm512_loadu_si512(x + m * K + k);
+      for (int r = 0; r < kRows; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(wn + r * K + k) + kAheadBytes, _MM_HINT_T0);
+        __m512bh wv = (__m512bh)_mm512_loadu_si512(wn + r * K + k);
+        for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], wv, xv[m]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r)
+      for (int m = 0; m < M; ++m) {
+        float s = _mm512_reduce_add_ps(acc[r][m]);
+        for (int64_t k = K32; k < K; ++k) s += widen(wn[r * K + k]) * widen(x[m * K + k]);
+        y[m * N + n + r] = static_cast<bf16>(s);
+      }
+  }
+  rows_portable<M>(w, x, y, N, K, n, r1);
+}
+
+bool cpu_has(int64_t isa) {
+  switch (isa) {
+    case 0: return true;
+    case 1: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case 2: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512bf16");
+    default: return false;
+  }
+}
+
+template <int M>
+void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y, int64_t isa) {
+  const int64_t N = w.size(0), K = w.size(1);
+  // Bands of whole 4-row groups, one a thread (at::parallel_for splits the range evenly).
+  const int64_t groups = (N + kRows - 1) / kRows;
+  auto band = [&](auto&& rows) {
+    at::parallel_for(0, groups, 16, [&](int64_t g0, int64_t g1) {
+      rows(g0 * kRows, std::min(N, g1 * kRows));
+    });
+  };
+  if (w.scalar_type() == at::kFloat) {
+    const float *wp = w.data_ptr<float>(), *xp = x.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    if (isa == 0) band([&](int64_t a, int64_t b) { rows_portable<M>(wp, xp, yp, N, K, a, b); });
+    else band([&](int64_t a, int64_t b) { rows_avx2<M>(wp, xp, yp, N, K, a, b); });
+    return;
+  }
+  const bf16 *wp = w.data_ptr<bf16>(), *xp = x.data_ptr<bf16>();
+  bf16* yp = y.data_ptr<bf16>();
+  if (isa == 0) {
+    band([&](int64_t a, int64_t b) { rows_portable<M>(wp, xp, yp, N, K, a, b); });
+  } else if (isa == 2) {
+    band([&](int64_t a, int64_t b) { rows_avx512bf16<M>(wp, xp, yp, N, K, a, b); });
+  } else {
+    std::vector<float> split(M * K);  // x's even elements, then its odd ones (K is even)
+    float *ep = split.data(), *op = split.data() + M * K / 2;
+    for (int64_t i = 0; i < M * K / 2; ++i) {
+      ep[i] = widen(xp[2 * i]);
+      op[i] = widen(xp[2 * i + 1]);
+    }
+    band([&](int64_t a, int64_t b) { rows_avx2<M>(wp, ep, op, xp, yp, N, K, a, b); });
+  }
+}
+
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, int64_t isa) {
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "regionkv::gemv: w must be a contiguous [N, K]");
+  TORCH_CHECK(x.scalar_type() == w.scalar_type() &&
+              (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
+              "regionkv::gemv: x and w must both be float32 or both bfloat16");
+  const int64_t N = w.size(0), K = w.size(1);
+  TORCH_CHECK(x.size(-1) == K, "regionkv::gemv: x has ", x.size(-1), " features, w ", K);
+  const int64_t M = K ? x.numel() / K : 0;
+  TORCH_CHECK(M == 1 || M == 2, "regionkv::gemv: x must hold 1 or 2 rows, not ", M);
+  TORCH_CHECK(cpu_has(isa) && !(isa == 1 && w.scalar_type() == at::kBFloat16 && K % 2),
+              "regionkv::gemv: kernel ", isa, " does not run here");
+  at::Tensor xc = x.contiguous();
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = N;
+  at::Tensor y = at::empty(sizes, w.options());
+  if (M == 1) run<1>(xc, w, y, isa);
+  else run<2>(xc, w, y, isa);
+  return y;
+}
+
+// ---- attention over a stretch of cached slots: q [B, H, M, D], k / v [B, H, S, D] ----------
+// Strided over B, H and S (a stretch is a slice of a cache's buffer), D contiguous. Work is cut
+// into (b, h, block of kSlots slots) pieces, spread over the threads.
+constexpr int64_t kSlots = 128;
+
+struct Stretch {  // one (b, h) of a [B, H, S, D] tensor: element (s, d) at p + s * ss + d
+  const void* p; int64_t ss;
+};
+
+inline Stretch stretch(const at::Tensor& t, int64_t bh, int64_t elem) {
+  const int64_t H = t.size(1), b = bh / H, h = bh % H;
+  return {static_cast<const char*>(t.data_ptr()) + (b * t.stride(0) + h * t.stride(1)) * elem,
+          t.stride(2)};
+}
+
+// Slot s + ahead(...) of a stretch walked in slot order, each of its cache lines: as for the
+// weights, the hardware's prefetcher alone leaves bandwidth unused.
+inline int64_t ahead_rows(int64_t D, int64_t elem) {
+  return std::max<int64_t>(1, kAheadBytes / (D * elem));
+}
+inline __attribute__((always_inline)) void prefetch_row(const void* row, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(row) + b);
+}
+
+// scores: out[m, s] = q[m] . k[s] for the slots [s0, s1), out float32 [M, S] of this (b, h).
+template <class T>
+void scores_portable(const T* q, Stretch k, float* out, int64_t M, int64_t S, int64_t D,
+                     int64_t s0, int64_t s1) {
+  const int64_t A = ahead_rows(D, sizeof(T));
+  for (int64_t s = s0; s < s1; ++s) {
+    const T* ks = static_cast<const T*>(k.p) + s * k.ss;
+    prefetch_row(ks + A * k.ss, D * sizeof(T));
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0.f;
+      for (int64_t d = 0; d < D; ++d) acc += widen(q[m * D + d]) * widen(ks[d]);
+      out[m * S + s] = acc;
+    }
+  }
+}
+
+// AVX2: the query widened to float32 once (qf [M, D]); each key row widened 8 at a time.
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+__attribute__((target("avx2,fma"))) inline __m256 load8(const bf16* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+template <class T>
+__attribute__((target("avx2,fma")))
+void scores_avx2(const float* qf, Stretch k, float* out, int64_t M, int64_t S, int64_t D,
+                 int64_t s0, int64_t s1) {
+  const int64_t D8 = D / 8 * 8, A = ahead_rows(D, sizeof(T));
+  for (int64_t s = s0; s < s1; ++s) {
+    const T* ks = static_cast<const T*>(k.p) + s * k.ss;
+    prefetch_row(ks + A * k.ss, D * sizeof(T));
+    for (int64_t m = 0; m < M; ++m) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D8; d += 8)
+        acc = _mm256_fmadd_ps(load8(ks + d), _mm256_loadu_ps(qf + m * D + d), acc);
+      float r = hsum(acc);
+      for (int64_t d = D8; d < D; ++d) r += qf[m * D + d] * widen(ks[d]);
+      out[m * S + s] = r;
+    }
+  }
+}
+
+// AVX-512 BF16: 32 bfloat16 pairs a step, straight from the key row and the query.
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+void scores_avx512bf16(const bf16* q, Stretch k, float* out, int64_t M, int64_t S, int64_t D,
+                       int64_t s0, int64_t s1) {
+  const int64_t D32 = D / 32 * 32, A = ahead_rows(D, sizeof(bf16));
+  for (int64_t s = s0; s < s1; ++s) {
+    const bf16* ks = static_cast<const bf16*>(k.p) + s * k.ss;
+    prefetch_row(ks + A * k.ss, D * sizeof(bf16));
+    for (int64_t m = 0; m < M; ++m) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D32; d += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(ks + d),
+                               (__m512bh)_mm512_loadu_si512(q + m * D + d));
+      float r = _mm512_reduce_add_ps(acc);
+      for (int64_t d = D32; d < D; ++d) r += widen(q[m * D + d]) * widen(ks[d]);
+      out[m * S + s] = r;
+    }
+  }
+}
+
+// mix: acc[m, :] = sum over the slots [s0, s1) of p[m, s] v[s, :], acc float32 [M, D].
+template <class T>
+void mix_portable(const float* p, Stretch v, float* acc, int64_t M, int64_t S, int64_t D,
+                  int64_t s0, int64_t s1) {
+  std::fill(acc, acc + M * D, 0.f);
+  const int64_t A = ahead_rows(D, sizeof(T));
+  for (int64_t s = s0; s < s1; ++s) {
+    const T* vs = static_cast<const T*>(v.p) + s * v.ss;
+    prefetch_row(vs + A * v.ss, D * sizeof(T));
+    for (int64_t m = 0; m < M; ++m) {
+      const float w = p[m * S + s];
+      for (int64_t d = 0; d < D; ++d) acc[m * D + d] += w * widen(vs[d]);
+    }
+  }
+}
+
+// Float vectors in GCC's vector extension, as wide as the target's registers: 8 lanes (AVX2,
+// ymm) or 16 (AVX-512, zmm), the same code compiled for each.
+typedef float f8 __attribute__((vector_size(32)));
+typedef float f16 __attribute__((vector_size(64)));
+template <class F> struct Lanes;
+template <> struct Lanes<f8> {
+  static constexpr int n = 8;
+  typedef uint16_t h __attribute__((vector_size(16)));
+  typedef uint32_t w __attribute__((vector_size(32)));
+};
+template <> struct Lanes<f16> {
+  static constexpr int n = 16;
+  typedef uint16_t h __attribute__((vector_size(32)));
+  typedef uint32_t w __attribute__((vector_size(64)));
+};
+
+#define REGIONKV_INLINE inline __attribute__((always_inline))  // takes its caller's target
+
+template <class F> REGIONKV_INLINE F load(const float* p) {
+  F v; __builtin_memcpy(&v, p, sizeof v); return v;
+}
+template <class F> REGIONKV_INLINE F load(const bf16* p) {  // bfloat16: float32's high half
+  typename Lanes<F>::h h; __builtin_memcpy(&h, p, sizeof h);
+  typename Lanes<F>::w w = __builtin_convertvector(h, typename Lanes<F>::w) << 16;
+  F v; __builtin_memcpy(&v, &w, sizeof v); return v;
+}
+
+// mix for a head size of D = L * V (L lanes): R rows' sums held in registers across the slots,
+// each value row widened once for them.
+template <class T, class F, int R, int V>
+REGIONKV_INLINE void mix_rows(const float* p, Stretch v, float* acc, int64_t S, int64_t s0,
+                              int64_t s1) {
+  constexpr int L = Lanes<F>::n, D = L * V;
+  const int64_t A = ahead_rows(D, sizeof(T));
+  F a[R][V] = {};
+  for (int64_t s = s0; s < s1; ++s) {
+    const T* vs = static_cast<const T*>(v.p) + s * v.ss;
+    prefetch_row(vs + A * v.ss, D * sizeof(T));
+    F vv[V];
+    for (int j = 0; j < V; ++j) vv[j] = load<F>(vs + L * j);
+    for (int r = 0; r < R; ++r) {
+      const float w = p[r * S + s];
+      for (int j = 0; j < V; ++j) a[r][j] += w * vv[j];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < V; ++j) __builtin_memcpy(acc + r * L * V + L * j, &a[r][j], sizeof(F));
+}
+
+template <class T, class F, int V, int R>
+REGIONKV_INLINE void mix_fixed(const float* p, Stretch v, float* acc, int64_t M, int64_t S,
+                               int64_t s0, int64_t s1) {
+  constexpr int L = Lanes<F>::n;
+  for (int64_t m = 0; m < M;) {  // R rows a pass, then the rest in one pass of fewer
+    const int64_t r = std::min<int64_t>(R, M - m);
+    const float* pm = p + m * S;
+    float* am = acc + m * L * V;
+    if (r >= 4 && R >= 4) mix_rows<T, F, (R >= 4 ? 4 : 1), V>(pm, v, am, S, s0, s1);
+    else if (r == 3 && R >= 3) mix_rows<T, F, (R >= 3 ? 3 : 1), V>(pm, v, am, S, s0, s1);
+    else if (r == 2 && R >= 2) mix_rows<T, F, (R >= 2 ? 2 : 1), V>(pm, v, am, S, s0, s1);
+    else mix_rows<T, F, 1, V>(pm, v, am, S, s0, s1);
+    m += r >= 4 && R >= 4 ? 4 : r;
+  }
+}
+
+// Head sizes 64 and 128 in registers, up to half of them accumulators (AVX2: 16 ymm, AVX-512:
+// 32 zmm); others by the portable loop.
+#define REGIONKV_MIX(NAME, TARGET, F, ROWS64, ROWS128)                                         \
+  template <class T>                                                                         \
+  __attribute__((target(TARGET)))                                                            \
+  void NAME(const float* p, Stretch v, float* acc, int64_t M, int64_t S, int64_t D,          \
+            int64_t s0, int64_t s1) {                                                        \
+    constexpr int L = Lanes<F>::n;                                                           \
+    if (D == 64) mix_fixed<T, F, 64 / L, ROWS64>(p, v, acc, M, S, s0, s1);                   \
+    else if (D == 128) mix_fixed<T, F, 128 / L, ROWS128>(p, v, acc, M, S, s0, s1);           \
+    else mix_portable<T>(p, v, acc, M, S, D, s0, s1);                                        \
+  }
+REGIONKV_MIX(mix_avx2, "avx2,fma", f8, 1, 1)
+REGIONKV_MIX(mix_avx512, "avx512f,avx512bw", f16, 4, 2)
+
+// Which kernel a tensor's dtype takes: AVX-512 BF16 only for bfloat16 (scores); else AVX2's.
+inline int64_t for_dtype(int64_t isa, at::ScalarType t) {
+  return isa == 2 && t != at::kBFloat16 ? 1 : isa;
+}
+
+void check_stretch(const char* op, const at::Tensor& a, const at::Tensor& kv, int64_t isa) {
+  TORCH_CHECK(a.dim() == 4 && kv.dim() == 4 && a.size(0) == kv.size(0) &&
+              a.size(1) == kv.size(1), "regionkv::", op, ": expected [B, H, M, *] against "
+              "[B, H, S, D], got ", a.sizes(), " and ", kv.sizes());
+  TORCH_CHECK(kv.stride(3) == 1, "regionkv::", op, ": the cached rows must be contiguous");
+  TORCH_CHECK(kv.scalar_type() == at::kFloat || kv.scalar_type() == at::kBFloat16,
+              "regionkv::", op, ": the cache must be float32 or bfloat16");
+  TORCH_CHECK(cpu_has(isa), "regionkv::", op, ": kernel ", isa, " does not run here");
+}
+
+// (b, h, block) pieces: piece i covers (b, h) = i / blocks, slots of block i % blocks.
+template <class F>
+void pieces(int64_t BH, int64_t S, F&& f) {
+  const int64_t blocks = std::max<int64_t>(1, (S + kSlots - 1) / kSlots);
+  at::parallel_for(0, BH * blocks, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t s0 = i % blocks * kSlots;
+      f(i / blocks, i % blocks, s0, std::min(S, s0 + kSlots));
+    }
+  });
+}
+
+at::Tensor scores(const at::Tensor& q, const at::Tensor& k, int64_t isa) {
+  check_stretch("scores", q, k, isa);
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.size(3) == k.size(3),
+              "regionkv::scores: q and k must share dtype and head size");
+  const int64_t BH = q.size(0) * q.size(1), M = q.size(2), S = k.size(2), D = k.size(3);
+  const int64_t kernel = for_dtype(isa, k.scalar_type());
+  at::Tensor qc = kernel == 1 ? q.to(at::kFloat).contiguous() : q.contiguous();
+  at::Tensor out = at::empty({q.size(0), q.size(1), M, S}, q.options().dtype(at::kFloat));
+  const int64_t elem = k.element_size();
+  float* o = out.data_ptr<float>();
+  pieces(BH, S, [&](int64_t bh, int64_t, int64_t s0, int64_t s1) {
+    Stretch ks = stretch(k, bh, elem);
+    float* ob = o + bh * M * S;
+    if (k.scalar_type() == at::kFloat) {
+      const float* qb = qc.data_ptr<float>() + bh * M * D;
+      if (kernel == 0) scores_portable(qb, ks, ob, M, S, D, s0, s1);
+      else scores_avx2<float>(qb, ks, ob, M, S, D, s0, s1);
+    } else if (kernel == 1) {
+      scores_avx2<bf16>(qc.data_ptr<float>() + bh * M * D, ks, ob, M, S, D, s0, s1);
+    } else {
+      const bf16* qb = qc.data_ptr<bf16>() + bh * M * D;
+      if (kernel == 0) scores_portable(qb, ks, ob, M, S, D, s0, s1);
+      else scores_avx512bf16(qb, ks, ob, M, S, D, s0, s1);
+    }
+  });
+  return out;
+}
+
+at::Tensor mix(const at::Tensor& p, const at::Tensor& v, int64_t isa) {
+  check_stretch("mix", p, v, isa);
+  TORCH_CHECK(p.scalar_type() == at::kFloat && p.size(3) == v.size(2),
+              "regionkv::mix: p must be float32 [B, H, M, S] over v's S slots");
+  const int64_t BH = p.size(0) * p.size(1), M = p.size(2), S = v.size(2), D = v.size(3);
+  const int64_t kernel = isa;  // AVX-512 for either dtype where the CPU has it
+  const int64_t blocks = std::max<int64_t>(1, (S + kSlots - 1) / kSlots);
+  at::Tensor pc = p.contiguous();
+  // Each piece sums into its own [M, D] rows; the blocks of a (b, h) are added after.
+  std::vector<float> part(BH * blocks * M * D);
+  const int64_t elem = v.element_size();
+  const float* pp = pc.data_ptr<float>();
+  float* acc = part.data();
+  pieces(BH, S, [&](int64_t bh, int64_t block, int64_t s0, int64_t s1) {
+    Stretch vs = stretch(v, bh, elem);
+    const float* pb = pp + bh * M * S;
+    float* ab = acc + (bh * blocks + block) * M * D;
+    if (v.scalar_type() == at::kFloat) {
+      if (kernel == 0) mix_portable<float>(pb, vs, ab, M, S, D, s0, s1);
+      else if (kernel == 1) mix_avx2<float>(pb, vs, ab, M, S, D, s0, s1);
+      else mix_avx512<float>(pb, vs, ab, M, S, D, s0, s1);
+    } else {
+      if (kernel == 0) mix_portable<bf16>(pb, vs, ab, M, S, D, s0, s1);
+      else if (kernel == 1) mix_avx2<bf16>(pb, vs, ab, M, S, D, s0, s1);
+      else mix_avx512<bf16>(pb, vs, ab, M, S, D, s0, s1);
+    }
+  });
+  at::Tensor out = at::empty({p.size(0), p.size(1), M, D}, p.options());
+  float* o = out.data_ptr<float>();
+  for (int64_t bh = 0; bh < BH; ++bh) {  // a few thousand floats: one thread
+    float* ob = o + bh * M * D;
+    std::copy(acc + bh * blocks * M * D, acc + (bh * blocks + 1) * M * D, ob);
+    for (int64_t b = 1; b < blocks; ++b) {
+      const float* pb = acc + (bh * blocks + b) * M * D;
+      for (int64_t i = 0; i < M * D; ++i) ob[i] += pb[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(regionkv, CPU, m) {
+  m.impl("gemv", gemv);
+  m.impl("scores", scores);
+  m.impl("mix", mix);
+}
