@@ -1,4 +1,4 @@
-"""Probe: the GEMV kernel (quantize/gemv.cpp) against oneDNN's inner product, per linear shape of
+"""Probe: the GEMV kernel (kernels/decode.cpp) against oneDNN's inner product, per linear shape of
 the default model, each weight read from DRAM (enough copies read in turn to pass the caches).
 
     PYTHONPATH=. python docs/perf/xeon/s54/gemv_shapes.py [float32|bfloat16] [ROWS]
@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from quantize import gemv
+import kernels as gemv
 
 SHAPES = [(960, 576), (576, 576), (1536, 576), (3072, 576), (576, 1536), (49152, 576)]
 
