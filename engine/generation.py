@@ -129,7 +129,9 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
     Otherwise (CPU): the model's single-token forward (embedding, blocks, head) is one graph,
     with one guard check and one call a step, and sampling stays eager. With at most
     STREAM_ROWS `rows` a step, the blocks' float linears (and a tied head) read a plain copy of
-    their weights as a reduction that Inductor fuses and streams (quantize/dense.py).
+    their weights through the engine's GEMV kernel (kernels/; where it does not build, as a
+    reduction that Inductor fuses and streams: quantize/dense.py), and attention reads each
+    float stretch of the cache through its scores and mix kernels.
     Prompt chunks stay eager; those of compressing `caches` compress token by token through one
     compiled step (or in one compiled pass, with bulk prompt compression), on either device.
 

@@ -16,22 +16,23 @@ calls as it is.
 
     stream_compiled_decode(model)   # before compiling a decode step of at most 2 rows
 
-Inside a compiled decode step, 150 small oneDNN calls a token each pay a fixed setup, and
-oneDNN's bfloat16 inner product streams at only ~11 GB/s on these CPUs. Written as a reduction
-(y = (W * x).sum(-1) over a plain weight), Inductor generates one vectorized loop per linear,
-fused into the block's graph and split over the threads, that reads the weight once at 21-25
-GB/s in float32 and bfloat16 alike (docs/PERFORMANCE.md, section 6b). It needs the plain weight
-next to the packed one (eager prompt chunks and steps of more rows stay on oneDNN, faster there),
-so `stream_compiled_decode` keeps a plain copy of each block linear's weight: memory for speed,
-only when a compiled few-row decode asks for it. A tied head reads the embedding table itself.
-
-On a CPU with AMX the reverse holds for bfloat16: oneDNN's inner product reads the weight
-faster than the widening reduction, in the compiled step too (8.5% a step; docs/PERFORMANCE.md,
-sections 6x and 6y), so there `stream_compiled_decode` leaves bfloat16 linears on oneDNN.
+Inside a compiled decode step, 150 small oneDNN calls a token each pay a fixed setup (~16 µs),
+and oneDNN streams short rows at 14-20 GB/s. A compiled step of one or two rows reads a plain
+copy of each block linear's weight instead (a tied head: the embedding table itself) through
+the engine's own GEMV kernel (`kernels.gemv`: a band of rows a thread, prefetched; 23-31 GB/s
+on machine C), float32 and bfloat16 alike (docs/PERFORMANCE.md, section 6zd). Where the kernels
+do not build, the plain weight is read as a reduction (y = (W * x).sum(-1)) that Inductor
+generates, fuses into the block's graph and splits over the threads, at 21-25 GB/s (section
+6b); on a CPU with AMX, where oneDNN's bfloat16 kernel streams faster than that reduction
+(sections 6x, 6y), bfloat16 linears then stay on oneDNN (`STREAMED_DTYPES`). Eager prompt
+chunks and steps of more rows stay on oneDNN, faster there: `stream_compiled_decode` keeps the
+plain copy next to the packed weight, memory for speed, only when a compiled few-row decode
+asks for it.
 
 A CPU without oneDNN's kernel for the dtype (AVX2-only CPUs have no bfloat16 one) keeps the
-plain weight alone: its compiled few-row steps take the same reduction, calls of 8 rows or more
-(prompt chunks) a float32 GEMM over the weight widened for the call, and the rest F.linear.
+plain weight alone: its compiled few-row steps take the same kernel (or reduction), calls of 8
+rows or more (prompt chunks) a float32 GEMM over the weight widened for the call, and the rest
+F.linear.
 ATen's own bfloat16 GEMM is 2.6-4.1x slower there at 32 rows and 4.4x at 1,024, while
 widening costs more than it saves below 8 rows (docs/PERFORMANCE.md, section 6i).
 """
