@@ -47,8 +47,10 @@ ATTENTION = True
 
 def best_kernel() -> int | None:
     """The fastest kernels of decode.cpp for this CPU as ATen sees it (ATEN_CPU_CAPABILITY=avx2
-    acts an AVX2-only machine), or None: the portable ones are for tests, slower than Inductor."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    acts an AVX2-only machine), or None: the portable ones are for tests, slower than Inductor.
+    REGIONKV_KERNELS=0 turns them off (Inductor's reductions, as where they do not build)."""
+    if os.environ.get("REGIONKV_KERNELS", "1") == "0" or \
+            platform.machine().lower() not in ("x86_64", "amd64"):
         return None
     capability = torch.backends.cpu.get_cpu_capability()
     if capability == "AVX512" and torch.cpu._is_avx512_bf16_supported():

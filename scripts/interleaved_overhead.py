@@ -4,8 +4,9 @@
     python scripts/interleaved_overhead.py 4096 streaming:8,weightedkv,weightedkv:8
     python scripts/interleaved_overhead.py 1024 h2o,weightedkv bfloat16
 
-A POLICY may carry `:K`, its compression interval (docs/DESIGN.md; default 1), and `+int8`, an
-INT8 middle (--kv_middle int8): `weightedkv+int8`, `weightedkv:8+int8`.
+`full` may be one of them (no budget: the reference for `full / it`). A POLICY may carry `:K`,
+its compression interval (docs/DESIGN.md; default 1), and `+int8`, an INT8 middle
+(--kv_middle int8): `weightedkv+int8`, `weightedkv:8+int8`.
 
 `bench.py` measures one row after another, minutes apart, and this VM's bandwidth drifts
 between them by more than a policy's bookkeeping costs (docs/PERFORMANCE.md, section 6b). Here
@@ -41,9 +42,10 @@ def main(context: int, policies: list, dtype: str) -> None:
     for spec in ["streaming", *policies]:
         name, int8 = spec.removesuffix("+int8"), spec.endswith("+int8")
         policy, _, k = name.partition(":")
-        factory = make_cache_factory(policy, cache_size=256, prompt_compression="bulk",
-                                     compression_interval=int(k or 1),
-                                     kv_middle="int8" if int8 else "model")
+        factory = make_cache_factory("full") if policy == "full" else \
+            make_cache_factory(policy, cache_size=256, prompt_compression="bulk",
+                               compression_interval=int(k or 1),
+                               kv_middle="int8" if int8 else "model")
         s = G.Session(model, factory, max_seq_length=context + 5 * 24 + 128, compile=True)
         s.warmup()  # compiles every variant of the step (a pass, LagKV's scoring)
         s.append(prompt)
@@ -58,8 +60,10 @@ def main(context: int, policies: list, dtype: str) -> None:
     print(f"context {context}, budget 256, {dtype}, ms a decode step (median of 5 rounds)")
     for policy, ms in steps.items():
         m = statistics.median(ms)
-        over = f"{m - base:+.1f} ({100 * (m / base - 1):+.0f}%)"
-        print(f"{policy:18s} {m:6.1f}  {'(base)' if policy == 'streaming' else over}")
+        over = f"{m - base:+.2f} ({100 * (m / base - 1):+.1f}%)"
+        full = f"  full / it {statistics.median(steps['full']) / m:.2f}x" if "full" in steps \
+            else ""
+        print(f"{policy:18s} {m:6.2f}  {'(base)' if policy == 'streaming' else over}{full}")
 
 
 if __name__ == "__main__":

@@ -654,6 +654,10 @@ def test_without_a_build_of_the_kernels_compiled_steps_read_reductions(monkeypat
     assert not kernels.available() and not kernels.serve_linears()  # decided once
     torch.testing.assert_close(step(lin, x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
     assert not any("gemv" in t or "linear" in t for t in graphs[-1]), graphs[-1]
+    monkeypatch.setenv("REGIONKV_KERNELS", "0")  # the switch: no kernel, and no build tried
+    assert kernels.best_kernel() is None
+    monkeypatch.delenv("REGIONKV_KERNELS")
+    assert kernels.best_kernel() == kernels.KERNEL
 
 
 def test_exact_matmul_of_bfloat16_is_the_float32_product_and_leaves_the_math_mode():
