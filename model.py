@@ -197,6 +197,8 @@ class KVSegment(NamedTuple):
     def scores(self, q: Tensor) -> Tensor:
         """q [B, Hkv, M, D] -> unscaled q.k [B, Hkv, M, S] in float32."""
         if self.k_scale is not None:  # INT8 words: the codes as [4, D/4], and so the query
+            if reduces(q, True) and kernels.serve_attention(self.k):  # the scale as it is read
+                return kernels.scores8(q, self.k, self.k_scale)
             qf = q.float()
             if q.dtype != torch.float32 and reduces(q, False):
                 # From a bfloat16 query Inductor vectorizes the keys' loop 16 lanes wide, and
@@ -220,6 +222,8 @@ class KVSegment(NamedTuple):
     def mix(self, probs: Tensor) -> Tensor:
         """probs [B, Hkv, M, S] (float32) -> probs @ V [B, Hkv, M, D] in float32."""
         if self.v_scale is not None:  # p.(s v) = (p s).v, over the codes as [4, D/4]
+            if reduces(probs, True) and kernels.serve_attention(self.v):
+                return kernels.mix8(probs, self.v, self.v_scale)
             p, vw = probs * self.v_scale.transpose(-1, -2), codes(self.v)  # vw [.., S, 4, D/4]
             if reduces(p, True):
                 return (p[..., None, None] * vw.unsqueeze(-4)).sum(-3).flatten(-2)

@@ -31,6 +31,8 @@ _LIB = torch.library.Library("regionkv", "FRAGMENT")
 _LIB.define("gemv(Tensor x, Tensor w, int isa) -> Tensor")
 _LIB.define("scores(Tensor q, Tensor k, int isa) -> Tensor")
 _LIB.define("mix(Tensor p, Tensor v, int isa) -> Tensor")
+_LIB.define("scores8(Tensor q, Tensor words, Tensor scale, int isa) -> Tensor")
+_LIB.define("mix8(Tensor p, Tensor words, Tensor scale, int isa) -> Tensor")
 torch.library.register_fake(
     "regionkv::gemv", lambda x, w, isa: x.new_empty(*x.shape[:-1], w.shape[0]), lib=_LIB)
 torch.library.register_fake(
@@ -38,6 +40,12 @@ torch.library.register_fake(
                                                       dtype=torch.float32), lib=_LIB)
 torch.library.register_fake(
     "regionkv::mix", lambda p, v, isa: p.new_empty(*p.shape[:-1], v.shape[-1]), lib=_LIB)
+torch.library.register_fake(
+    "regionkv::scores8", lambda q, words, scale, isa: q.new_empty(
+        *q.shape[:-1], words.shape[-2], dtype=torch.float32), lib=_LIB)
+torch.library.register_fake(
+    "regionkv::mix8", lambda p, words, scale, isa: p.new_empty(
+        *p.shape[:-1], 4 * words.shape[-1]), lib=_LIB)
 
 PORTABLE, AVX2, AVX512_BF16 = 0, 1, 2  # the kernels of decode.cpp
 # Which parts of a compiled step call them (False keeps Inductor's reductions: probes, A/B).
@@ -95,9 +103,10 @@ def serve_linears() -> bool:
 
 
 def serve_attention(kv: Tensor) -> bool:
-    """Whether a compiled few-row CPU step attends over this cached stretch with scores/mix."""
+    """Whether a compiled few-row CPU step attends over this cached stretch with scores/mix
+    (K or V in float32 or bfloat16), or scores8/mix8 (INT8 words: 32-bit, quantize/kv.py)."""
     return ATTENTION and kv.device.type == "cpu" and kv.stride(-1) == 1 and \
-        kv.dtype in (torch.float32, torch.bfloat16) and available()
+        kv.dtype in (torch.float32, torch.bfloat16, torch.int32) and available()
 
 
 def gemv(x: Tensor, w: Tensor, kernel: int | None = None) -> Tensor:
@@ -113,3 +122,14 @@ def scores(q: Tensor, k: Tensor, kernel: int | None = None) -> Tensor:
 def mix(p: Tensor, v: Tensor, kernel: int | None = None) -> Tensor:
     """p [B, H, M, S] float32 @ v [B, H, S, D] -> [B, H, M, D] float32."""
     return torch.ops.regionkv.mix(p, v, KERNEL if kernel is None else kernel)
+
+
+def scores8(q: Tensor, words: Tensor, scale: Tensor, kernel: int | None = None) -> Tensor:
+    """q [B, H, M, D] . the INT8 keys (words [B, H, S, D/4], scale [B, H, S, 1]) -> [B, H, M, S]
+    float32: q . (scale * codes), each slot's scale applied once to its sum."""
+    return torch.ops.regionkv.scores8(q, words, scale, KERNEL if kernel is None else kernel)
+
+
+def mix8(p: Tensor, words: Tensor, scale: Tensor, kernel: int | None = None) -> Tensor:
+    """p [B, H, M, S] float32 @ the INT8 values (words, scale as in scores8) -> [B, H, M, D]."""
+    return torch.ops.regionkv.mix8(p, words, scale, KERNEL if kernel is None else kernel)

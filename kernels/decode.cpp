@@ -3,6 +3,8 @@
 //   regionkv::gemv(x, w, isa)      y = x @ w^T for the one or two rows of a step's linears
 //   regionkv::scores(q, k, isa)    q . k for a few query rows over a stretch of cached keys
 //   regionkv::mix(p, v, isa)       p @ v: attention's weights over a stretch of cached values
+//   regionkv::scores8 / mix8        the same over an INT8 stretch (codes four to a word, per-slot
+//                                   scales: quantize/kv.py), its scale applied as it is read
 //
 // A decode step reads every weight once for one row: memory bound, ~1 FLOP a byte. Each thread
 // streams one contiguous band of W's rows, four rows at a time (four accumulators in flight, x
@@ -406,6 +408,74 @@ REGIONKV_INLINE void mix_fixed(const float* p, Stretch v, float* acc, int64_t M,
 REGIONKV_MIX(mix_avx2, "avx2,fma", f8, 1, 1)
 REGIONKV_MIX(mix_avx512, "avx512f,avx512bw", f16, 4, 2)
 
+// ---- INT8 stretches: a slot's D codes in D/4 words, code i * D/4 + j in byte i of word j --------
+// (quantize/kv.py), so the row's bytes in memory order are the codes in "byte order": byte
+// 4j + i is code i * D/4 + j. The kernels work in byte order, the query permuted into it going
+// in and the mixed values permuted out of it at the end, and scale each slot's sum once.
+inline int64_t byte_of(int64_t d, int64_t D) { return 4 * (d % (D / 4)) + d / (D / 4); }
+
+inline const int8_t* code_row(Stretch w, int64_t s) {  // w.ss counts 4-byte words
+  return static_cast<const int8_t*>(w.p) + 4 * s * w.ss;
+}
+inline float scale_of(Stretch sc, int64_t s) { return static_cast<const float*>(sc.p)[s * sc.ss]; }
+
+// Both targets compile the same loops (kernels/int8_attention.h) with their own widening: GCC's
+// generic conversion of int8 lanes to float comes out element by element, so it is the
+// target's intrinsics, which must inline into loops compiled for that target.
+inline void mix8_portable(const float* p, Stretch w, Stretch sc, float* acc, int64_t M,
+                          int64_t S, int64_t D, int64_t s0, int64_t s1) {
+  std::fill(acc, acc + M * D, 0.f);
+  for (int64_t s = s0; s < s1; ++s) {
+    const int8_t* r = code_row(w, s);
+    const float scale = scale_of(sc, s);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t b = 0; b < D; ++b) acc[m * D + b] += p[m * S + s] * scale * r[b];
+  }
+}
+
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace int8_avx2 {
+using F = f8;
+constexpr int L = 8, kRows64 = 1, kRows128 = 1;
+REGIONKV_INLINE F load_codes(const int8_t* p) {
+  return (F)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+REGIONKV_INLINE float lane_sum(F v) { return hsum((__m256)v); }
+#include "int8_attention.h"
+}  // namespace int8_avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw")
+namespace int8_avx512 {
+using F = f16;
+constexpr int L = 16, kRows64 = 4, kRows128 = 2;
+REGIONKV_INLINE F load_codes(const int8_t* p) {
+  return (F)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+REGIONKV_INLINE float lane_sum(F v) { return _mm512_reduce_add_ps((__m512)v); }
+#include "int8_attention.h"
+}  // namespace int8_avx512
+#pragma GCC pop_options
+
+// The portable form: scalar loops over the codes in byte order.
+inline void scores8_portable(const float* qb, Stretch w, Stretch sc, float* out, int64_t M,
+                             int64_t S, int64_t D, int64_t s0, int64_t s1) {
+  for (int64_t s = s0; s < s1; ++s) {
+    const int8_t* r = code_row(w, s);
+    const float scale = scale_of(sc, s);
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < D; ++b) acc += qb[m * D + b] * r[b];
+      out[m * S + s] = acc * scale;
+    }
+  }
+}
+
 // Which kernel a tensor's dtype takes: AVX-512 BF16 only for bfloat16 (scores); else AVX2's.
 inline int64_t for_dtype(int64_t isa, at::ScalarType t) {
   return isa == 2 && t != at::kBFloat16 ? 1 : isa;
@@ -501,9 +571,77 @@ at::Tensor mix(const at::Tensor& p, const at::Tensor& v, int64_t isa) {
   return out;
 }
 
+void check_codes(const char* op, const at::Tensor& a, const at::Tensor& w,
+                 const at::Tensor& scale, int64_t isa) {
+  TORCH_CHECK(a.dim() == 4 && w.dim() == 4 && scale.dim() == 4 && a.size(0) == w.size(0) &&
+              a.size(1) == w.size(1) && scale.size(2) == w.size(2) && scale.size(3) == 1,
+              "regionkv::", op, ": expected [B, H, M, *], words [B, H, S, D/4] and scales "
+              "[B, H, S, 1], got ", a.sizes(), ", ", w.sizes(), " and ", scale.sizes());
+  TORCH_CHECK(w.element_size() == 4 && w.stride(3) == 1 && scale.scalar_type() == at::kFloat,
+              "regionkv::", op, ": the words must be contiguous 32-bit rows, the scales float32");
+  TORCH_CHECK(cpu_has(isa), "regionkv::", op, ": kernel ", isa, " does not run here");
+}
+
+at::Tensor scores8(const at::Tensor& q, const at::Tensor& w, const at::Tensor& scale,
+                   int64_t isa) {
+  check_codes("scores8", q, w, scale, isa);
+  const int64_t BH = q.size(0) * q.size(1), M = q.size(2), S = w.size(2), D = q.size(3);
+  TORCH_CHECK(w.size(3) * 4 == D, "regionkv::scores8: ", w.size(3), " words for a head of ", D);
+  at::Tensor qf = q.to(at::kFloat).contiguous();  // into byte order
+  std::vector<float> qb(BH * M * D);
+  const float* qp = qf.data_ptr<float>();
+  for (int64_t r = 0; r < BH * M; ++r)
+    for (int64_t d = 0; d < D; ++d) qb[r * D + byte_of(d, D)] = qp[r * D + d];
+  at::Tensor out = at::empty({q.size(0), q.size(1), M, S}, q.options().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  pieces(BH, S, [&](int64_t bh, int64_t, int64_t s0, int64_t s1) {
+    Stretch ws = stretch(w, bh, 4), ss = stretch(scale, bh, 4);
+    const float* qm = qb.data() + bh * M * D;
+    float* ob = o + bh * M * S;
+    if (isa == 0) scores8_portable(qm, ws, ss, ob, M, S, D, s0, s1);
+    else if (isa == 1) int8_avx2::scores8(qm, ws, ss, ob, M, S, D, s0, s1);
+    else int8_avx512::scores8(qm, ws, ss, ob, M, S, D, s0, s1);
+  });
+  return out;
+}
+
+at::Tensor mix8(const at::Tensor& p, const at::Tensor& w, const at::Tensor& scale,
+                int64_t isa) {
+  check_codes("mix8", p, w, scale, isa);
+  TORCH_CHECK(p.scalar_type() == at::kFloat && p.size(3) == w.size(2),
+              "regionkv::mix8: p must be float32 [B, H, M, S] over the words' S slots");
+  const int64_t BH = p.size(0) * p.size(1), M = p.size(2), S = w.size(2), D = 4 * w.size(3);
+  const int64_t blocks = std::max<int64_t>(1, (S + kSlots - 1) / kSlots);
+  at::Tensor pc = p.contiguous();
+  std::vector<float> part(BH * blocks * M * D);
+  const float* pp = pc.data_ptr<float>();
+  float* acc = part.data();
+  pieces(BH, S, [&](int64_t bh, int64_t block, int64_t s0, int64_t s1) {
+    Stretch ws = stretch(w, bh, 4), ss = stretch(scale, bh, 4);
+    const float* pb = pp + bh * M * S;
+    float* ab = acc + (bh * blocks + block) * M * D;
+    if (isa == 0) mix8_portable(pb, ws, ss, ab, M, S, D, s0, s1);
+    else if (isa == 1) int8_avx2::mix8(pb, ws, ss, ab, M, S, D, s0, s1);
+    else int8_avx512::mix8(pb, ws, ss, ab, M, S, D, s0, s1);
+  });
+  at::Tensor out = at::empty({p.size(0), p.size(1), M, D}, p.options());
+  float* o = out.data_ptr<float>();
+  for (int64_t r = 0; r < BH * M; ++r) {  // the blocks summed, out of byte order
+    const int64_t bh = r / M, m = r % M;
+    for (int64_t d = 0; d < D; ++d) {
+      float t = 0.f;
+      for (int64_t b = 0; b < blocks; ++b) t += acc[((bh * blocks + b) * M + m) * D + byte_of(d, D)];
+      o[r * D + d] = t;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(regionkv, CPU, m) {
+  m.impl("scores8", scores8);
+  m.impl("mix8", mix8);
   m.impl("gemv", gemv);
   m.impl("scores", scores);
   m.impl("mix", mix);

@@ -342,11 +342,12 @@ def test_int8_stretches_attend_as_their_dequantized_values_do(compiled, dtype, w
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_attention_kernel_reads_strided_stretches_exactly(dtype):
-    """kernels.scores / kernels.mix (a compiled CPU step's attention over a cached stretch):
-    q.k and p @ v in float32 for any number of query rows, head sizes in registers (64, 128)
-    and not (40), a stretch sliced out of a larger buffer, by every kernel this CPU has,
-    against float64; bad input is a clear error."""
+    """kernels.scores / kernels.mix (a compiled CPU step's attention over a cached stretch),
+    and scores8 / mix8 over the same as INT8 words: q.k and p @ v in float32 for any number of
+    query rows, head sizes in registers (64, 128) and not (40), a stretch sliced out of a
+    larger buffer, by every kernel this CPU has, against float64; bad input is a clear error."""
     import kernels
+    from quantize.kv import dequantize_words, quantize_words, split_words
     assert kernels.available(), "the decode kernels build on every x86 machine of the pool"
     g = torch.Generator().manual_seed(0)
     for b, h, m, s, d in [(1, 3, 3, 1030, 64), (2, 2, 1, 5, 40), (1, 1, 16, 300, 128),
@@ -361,8 +362,20 @@ def test_every_attention_kernel_reads_strided_stretches_exactly(dtype):
             assert got_s.dtype == got_m.dtype == torch.float32
             torch.testing.assert_close(got_s.double(), want_s, rtol=1e-5, atol=1e-4)
             torch.testing.assert_close(got_m.double(), want_m, rtol=1e-5, atol=1e-5)
+        # the same slots as INT8 words in a cache's rows (words, then the scale: quantize/kv.py)
+        rows = quantize_words(torch.randn(b, h, s + 3, d, generator=g))[:, :, 1:1 + s]
+        words, scale = split_words(rows)
+        plain = dequantize_words(rows).double()
+        want_s, want_m = q.double() @ plain.transpose(-1, -2), p.double() @ plain
+        for kernel in range(kernels.KERNEL + 1):
+            got_s, got_m = kernels.scores8(q, words, scale, kernel), \
+                kernels.mix8(p, words, scale, kernel)
+            torch.testing.assert_close(got_s.double(), want_s, rtol=1e-5, atol=1e-4)
+            torch.testing.assert_close(got_m.double(), want_m, rtol=1e-5, atol=1e-5)
     with pytest.raises(RuntimeError, match="cached rows must be contiguous"):
         kernels.scores(q, k.transpose(-1, -2).contiguous().transpose(-1, -2))
+    with pytest.raises(RuntimeError, match="words for a head of"):
+        kernels.scores8(q[..., :8], words, scale)
     with pytest.raises(RuntimeError, match=r"expected \[B, H, M, \*\] against"):
         kernels.mix(p[0], v)
 
@@ -370,8 +383,8 @@ def test_every_attention_kernel_reads_strided_stretches_exactly(dtype):
 @pytest.mark.parametrize("on", [True, False])
 def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
     """A compiled few-row CPU step reads each float stretch through kernels.scores and
-    kernels.mix (INT8 ones through reductions), with the same output and probabilities as
-    eager; kernels.ATTENTION = False keeps Inductor's reductions."""
+    kernels.mix, each INT8 one through kernels.scores8 and kernels.mix8, with the same output
+    and probabilities as eager; kernels.ATTENTION = False keeps Inductor's reductions."""
     import kernels
     import model as M
     from quantize.kv import pack
@@ -398,8 +411,10 @@ def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
     want, want_probs = attend(q, segs, mask)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(got_probs, want_probs, rtol=1e-4, atol=1e-5)
-    assert sum("regionkv.scores" in t for t in graphs[-1]) == 2 * on
-    assert sum("regionkv.mix" in t for t in graphs[-1]) == 2 * on
+    calls = [t.removeprefix("regionkv.").removesuffix(".default") for t in graphs[-1]
+             if t.startswith(("regionkv.scores", "regionkv.mix"))]
+    assert sorted(calls) == (["mix", "mix", "mix8", "scores", "scores", "scores8"] if on else []), \
+        graphs[-1]
     torch._dynamo.reset()
 
 
