@@ -630,7 +630,8 @@ at::Tensor mix8(const at::Tensor& p, const at::Tensor& w, const at::Tensor& scal
     const int64_t bh = r / M, m = r % M;
     for (int64_t d = 0; d < D; ++d) {
       float t = 0.f;
-      for (int64_t b = 0; b < blocks; ++b) t += acc[((bh * blocks + b) * M + m) * D + byte_of(d, D)];
+      for (int64_t b = 0; b < blocks; ++b)
+        t += acc[((bh * blocks + b) * M + m) * D + byte_of(d, D)];
       o[r * D + d] = t;
     }
   }
