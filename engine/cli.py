@@ -135,8 +135,8 @@ def add_bake_argument(p) -> None:
     """--bake_weights, as generate.py, serve.py and bench.py take it."""
     p.add_argument("--bake_weights", action="store_true",
                    help="compile the CPU decode step with the linear weights baked in as "
-                        "constants (Inductor's own GEMM kernels): faster steps, about half a "
-                        "minute of compile; needs --compile")
+                        "constants (Inductor's own GEMM kernels instead of the engine's GEMV): "
+                        "about as fast, about half a minute of compile; needs --compile")
 
 
 def check_bake_argument(args) -> None:
