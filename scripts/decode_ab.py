@@ -125,7 +125,8 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
         dense.streamed = (lambda x: False) if variant == "onednn" else engine_streamed
         kernels.LINEARS = variant not in ("reductions", "before6zd")
         kernels.ATTENTION = variant not in ("attnreduce", "before6zd")
-        if variant == "before6zd" and dense._AMX and model.dtype == torch.bfloat16:
+        if variant == "before6zd" and dense._AMX and model.dtype == torch.bfloat16 and \
+                model.layers[0].attention.wqkv.onednn:
             dense.streamed = lambda x: False  # oneDNN's bfloat16 linears, as then
         model.step_graph = {"regional": None, "reorder": reorder, "asserts": asserts,
                             "realize": realize, "headout": headout,
