@@ -16,7 +16,8 @@
 // does; scores and mix return float32.
 //
 // Kernels by instruction set, each compiled for its own target and called only where the CPU has
-// it (the ops check): 0 portable C++, 1 AVX2 + FMA, 2 AVX-512 BF16 (float32 data: AVX2's).
+// it (the ops check): 0 portable C++, 1 AVX2 + FMA, 2 AVX-512 with BF16 (a float32 GEMV or
+// scores there take AVX2's form: memory bound either way).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
