@@ -51,6 +51,11 @@ PORTABLE, AVX2, AVX512_BF16 = 0, 1, 2  # the kernels of decode.cpp
 # Which parts of a compiled step call them (False keeps Inductor's reductions: probes, A/B).
 LINEARS = True
 ATTENTION = True
+# Attention takes the kernels over stretches of at least this many slots: below, a call's fixed
+# cost (~10 µs) outweighs the faster reads, and Inductor's reductions, fused into the block's
+# loops, are as fast (a 256-slot budget: 12.61 against 12.75 ms a step, with an INT8 middle
+# 13.97 against 14.76; docs/PERFORMANCE.md, section 6zd).
+ATTEND_SLOTS = 512
 
 
 def best_kernel() -> int | None:
@@ -104,8 +109,10 @@ def serve_linears() -> bool:
 
 def serve_attention(kv: Tensor) -> bool:
     """Whether a compiled few-row CPU step attends over this cached stretch with scores/mix
-    (K or V in float32 or bfloat16), or scores8/mix8 (INT8 words: 32-bit, quantize/kv.py)."""
+    (K or V in float32 or bfloat16), or scores8/mix8 (INT8 words: 32-bit, quantize/kv.py): a
+    stretch of at least ATTEND_SLOTS slots."""
     return ATTENTION and kv.device.type == "cpu" and kv.stride(-1) == 1 and \
+        kv.shape[-2] >= ATTEND_SLOTS and \
         kv.dtype in (torch.float32, torch.bfloat16, torch.int32) and available()
 
 

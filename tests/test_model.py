@@ -382,9 +382,10 @@ def test_every_attention_kernel_reads_strided_stretches_exactly(dtype):
 
 @pytest.mark.parametrize("on", [True, False])
 def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
-    """A compiled few-row CPU step reads each float stretch through kernels.scores and
-    kernels.mix, each INT8 one through kernels.scores8 and kernels.mix8, with the same output
-    and probabilities as eager; kernels.ATTENTION = False keeps Inductor's reductions."""
+    """A compiled few-row CPU step reads each float stretch of ATTEND_SLOTS slots or more
+    through kernels.scores and kernels.mix, each such INT8 one through kernels.scores8 and
+    kernels.mix8, with the same output and probabilities as eager; a shorter stretch, and
+    kernels.ATTENTION = False, keep Inductor's reductions."""
     import kernels
     import model as M
     from quantize.kv import pack
@@ -392,12 +393,14 @@ def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
     assert kernels.available()  # built before the trace, as the engine does
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 1, 64, generator=g).bfloat16()
-    kv = [torch.randn(1, 2, n, 64, generator=g).bfloat16() for n in (40, 200)]
-    c = torch.randint(-127, 128, (1, 2, 30, 64), generator=g, dtype=torch.int8)
-    scale = torch.rand(1, 2, 30, 1, generator=g) / 50
-    segs = [M.KVSegment(kv[0], kv[1][:, :, :40]), M.KVSegment(kv[1], kv[1]),
-            M.KVSegment(pack(c), pack(c), scale, scale)]
-    mask = torch.rand(1, 1, 1, 270, generator=g) > 0.2
+    n = kernels.ATTEND_SLOTS  # shorter stretches stay with the reductions (the last one)
+    kv = [torch.randn(1, 2, s, 64, generator=g).bfloat16() for s in (n, n + 100)]
+    c = torch.randint(-127, 128, (1, 2, n + 30, 64), generator=g, dtype=torch.int8)
+    scale = torch.rand(1, 2, n + 30, 1, generator=g) / 50
+    segs = [M.KVSegment(kv[0], kv[1][:, :, :n]), M.KVSegment(kv[1], kv[1]),
+            M.KVSegment(pack(c), pack(c), scale, scale),
+            M.KVSegment(kv[0][:, :, :40], kv[0][:, :, :40])]
+    mask = torch.rand(1, 1, 1, 3 * n + 170, generator=g) > 0.2
     graphs = []
 
     def recording(gm, example_inputs):
