@@ -420,9 +420,7 @@ inline const int8_t* code_row(Stretch w, int64_t s) {  // w.ss counts 4-byte wor
 }
 inline float scale_of(Stretch sc, int64_t s) { return static_cast<const float*>(sc.p)[s * sc.ss]; }
 
-// Both targets compile the same loops (kernels/int8_attention.h) with their own widening: GCC's
-// generic conversion of int8 lanes to float comes out element by element, so it is the
-// target's intrinsics, which must inline into loops compiled for that target.
+// The portable forms: scalar loops over the codes in byte order.
 inline void mix8_portable(const float* p, Stretch w, Stretch sc, float* acc, int64_t M,
                           int64_t S, int64_t D, int64_t s0, int64_t s1) {
   std::fill(acc, acc + M * D, 0.f);
@@ -434,7 +432,22 @@ inline void mix8_portable(const float* p, Stretch w, Stretch sc, float* acc, int
   }
 }
 
+inline void scores8_portable(const float* qb, Stretch w, Stretch sc, float* out, int64_t M,
+                             int64_t S, int64_t D, int64_t s0, int64_t s1) {
+  for (int64_t s = s0; s < s1; ++s) {
+    const int8_t* r = code_row(w, s);
+    const float scale = scale_of(sc, s);
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < D; ++b) acc += qb[m * D + b] * r[b];
+      out[m * S + s] = acc * scale;
+    }
+  }
+}
 
+// Both targets compile the same loops (kernels/int8_attention.h) with their own widening: GCC's
+// generic conversion of int8 lanes to float comes out element by element, so it is the
+// target's intrinsics, which must inline into loops compiled for that target.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace int8_avx2 {
@@ -462,20 +475,6 @@ REGIONKV_INLINE float lane_sum(F v) { return _mm512_reduce_add_ps((__m512)v); }
 #include "int8_attention.h"
 }  // namespace int8_avx512
 #pragma GCC pop_options
-
-// The portable form: scalar loops over the codes in byte order.
-inline void scores8_portable(const float* qb, Stretch w, Stretch sc, float* out, int64_t M,
-                             int64_t S, int64_t D, int64_t s0, int64_t s1) {
-  for (int64_t s = s0; s < s1; ++s) {
-    const int8_t* r = code_row(w, s);
-    const float scale = scale_of(sc, s);
-    for (int64_t m = 0; m < M; ++m) {
-      float acc = 0.f;
-      for (int64_t b = 0; b < D; ++b) acc += qb[m * D + b] * r[b];
-      out[m * S + s] = acc * scale;
-    }
-  }
-}
 
 // Which kernel a tensor's dtype takes: AVX-512 BF16 only for bfloat16 (scores); else AVX2's.
 inline int64_t for_dtype(int64_t isa, at::ScalarType t) {
