@@ -200,10 +200,11 @@ class KVSegment(NamedTuple):
             if reduces(q, True) and kernels.serve_attention(self.k):  # the scale as it is read
                 return kernels.scores8(q, self.k, self.k_scale)
             qf = q.float()
-            if q.dtype != torch.float32 and reduces(q, False):
+            if q.dtype != torch.float32 and self.k.dtype == torch.float32 and reduces(q, False):
                 # From a bfloat16 query Inductor vectorizes the keys' loop 16 lanes wide, and
                 # views float words (AVX2) as int32 there one lane at a time, through the stack;
                 # a stored float32 query keeps the loop 8 float lanes wide (PERFORMANCE 6v).
+                # Over int32 words (AVX-512) the copy's 30 calls a step cost 3% (6zd).
                 qf = stored(qf)
             qw, kw = qf.unflatten(-1, (4, -1)), codes(self.k)  # [.., M|S, 4, D/4]
             if reduces(q, True):

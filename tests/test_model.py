@@ -296,9 +296,10 @@ def test_int8_stretches_attend_as_their_dequantized_values_do(compiled, dtype, w
     # Attention over INT8 stretches (codes four to a word, per-token scales) beside float
     # ones, keys or values alone INT8 too (rank positions keep float keys), equals plain
     # softmax attention over the dequantized values. Compiled, the CPU step reads every
-    # stretch through reductions (a bfloat16 query through a stored float32 copy); eager,
-    # through matrix products. word "other": the words in the tensors this CPU does not use
-    # (float32 on AVX-512, int32 elsewhere), whose loops Inductor generates differently.
+    # stretch through reductions or the kernels (a bfloat16 query over float words through a
+    # stored float32 copy); eager, through matrix products. word "other": the words in the
+    # tensors this CPU does not use (float32 on AVX-512, int32 elsewhere), whose loops
+    # Inductor generates differently.
     import quantize.kv as kv
     from quantize.kv import pack
     if word == "other":
