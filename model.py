@@ -207,10 +207,11 @@ class KVSegment(NamedTuple):
                 # Over int32 words (AVX-512) the copy's 30 calls a step cost 3% (6zd).
                 qf = stored(qf)
             qw, kw = qf.unflatten(-1, (4, -1)), codes(self.k)  # [.., M|S, 4, D/4]
-            if reduces(q, True):
-                s = (qw.unsqueeze(-3) * kw.unsqueeze(-4)).sum((-1, -2))
-            else:
-                s = qw.flatten(-2) @ kw.flatten(-2).transpose(-1, -2)
+            if reduces(q, True):  # the scale inside the sum: its result is the scores' own
+                # slice of the cat below, not a buffer of its own scaled into it
+                kw = kw * self.k_scale.unsqueeze(-1)
+                return (qw.unsqueeze(-3) * kw.unsqueeze(-4)).sum((-1, -2))
+            s = qw.flatten(-2) @ kw.flatten(-2).transpose(-1, -2)
             return s * self.k_scale.transpose(-1, -2)
         if reduces(q, False):
             if kernels.serve_attention(self.k):  # each key read once for all rows

@@ -2,6 +2,8 @@
 
     python scripts/decode_ab.py POLICY CONTEXT [DTYPE [VARIANTS]]   # e.g. full 1024 bfloat16
 
+POLICY may carry `+int8`, an INT8 middle (--kv_middle int8): `weightedkv+int8`.
+
 One session (budget 256 for a compressing POLICY, bulk prompt compression) reads a CONTEXT-token
 prompt, then the variants take turns, 6 rounds of 24 decode steps each, so that every round
 sees the machine in the same state:
@@ -42,6 +44,9 @@ sees the machine in the same state:
     attnreduce    the engine's step with attention's scores and mix as Inductor's reductions
                   instead of the attention kernels (kernels.ATTENTION = False; section 6zd)
     before6zd     both: the engine's step before section 6zd (with "onednn" where AMX is)
+    pwcat         the engine's step with Inductor's force_pointwise_cat: every cat one
+                  pointwise loop, not a buffer with a view of it per input (each a call of the
+                  step's Python wrapper, per layer)
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
@@ -66,7 +71,7 @@ from engine.default_model import resolve_checkpoint  # noqa: E402
 
 VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize", "headout", "unstored",
             "customop", "onednn", "unrolled", "cppwrap", "frozen", "frozeninline",
-            "reductions", "attnreduce", "before6zd")
+            "reductions", "attnreduce", "before6zd", "pwcat")
 
 
 @torch.library.custom_op("decode_ab::stored", mutates_args=())
@@ -91,8 +96,10 @@ def run_step_out(model, idx, input_pos, caches):
 def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     torch.set_num_threads(2)
     model = load_model(resolve_checkpoint(None), dtype=DTYPES[dtype])
-    factory = make_cache_factory("full") if policy == "full" else \
-        make_cache_factory(policy, cache_size=256, prompt_compression="bulk")
+    name, int8 = policy.removesuffix("+int8"), policy.endswith("+int8")
+    factory = make_cache_factory("full") if name == "full" else \
+        make_cache_factory(name, cache_size=256, prompt_compression="bulk",
+                           kv_middle="int8" if int8 else "model")
     rounds, steps = 6, 24
     s = G.Session(model, factory, compile=True,
                   max_seq_length=context + (rounds + 1) * steps * len(variants) + 64)
@@ -105,6 +112,7 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     unstored, customop, engine_stored = own_step_graph(), own_step_graph(), dense.stored
     onednn, engine_streamed = own_step_graph(), dense.streamed
     reductions, attnreduce, before6zd = own_step_graph(), own_step_graph(), own_step_graph()
+    pwcat = own_step_graph({**G.STEP_OPTIONS, "force_pointwise_cat": True})
     unrolled, cppwrap = own_step_graph(), own_step_graph({**G.STEP_OPTIONS, "cpp_wrapper": True})
     frozen = G.baked_step(model)  # --bake_weights
     inline = torch.compile(run_all_inline, fullgraph=True, dynamic=False,
@@ -135,7 +143,7 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
                             "cppwrap": cppwrap, "frozen": frozen,
                             "frozeninline": frozeninline,
                             "reductions": reductions, "attnreduce": attnreduce,
-                            "before6zd": before6zd}.get(variant, graph)
+                            "before6zd": before6zd, "pwcat": pwcat}.get(variant, graph)
         model.block_step = {"regional": regional, "unrolled": G.run_block,
                             "cppwrap": G.run_block}.get(variant, nested)
 
@@ -182,7 +190,7 @@ if __name__ == "__main__":
     if set(picked) - set(VARIANTS):
         sys.exit(f"error: unknown variant {sorted(set(picked) - set(VARIANTS))[0]!r}; choose "
                  f"from {', '.join(VARIANTS)}")
-    if sys.argv[1] not in POLICIES:
+    if sys.argv[1].removesuffix("+int8") not in POLICIES:
         sys.exit(f"error: unknown policy {sys.argv[1]!r}; choose from {', '.join(POLICIES)}")
     if dtype not in DTYPES:
         sys.exit(f"error: unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
