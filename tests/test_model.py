@@ -265,7 +265,7 @@ def test_int8_codes_pack_a_quarter_of_the_row_into_each_byte_of_a_word(word, mon
     # int32 ones, as the CPU's vectors load best (quantize/kv.py): compiled (as the step packs,
     # selects and unpacks them), every bit the same.
     import quantize.kv as kv
-    from quantize.kv import codes, pack
+    from quantize.kv import codes, pack, quantize_int8, quantize_words
     monkeypatch.setattr(kv, "WORD", word)
     c = torch.arange(-128, 128, dtype=torch.int8)[torch.randperm(256)].view(4, 64)
     # and a row of signalling NaNs, 0x7f800001: bytes 3, 2, 1, 0 = 127, -128, 0, 1
@@ -285,6 +285,13 @@ def test_int8_codes_pack_a_quarter_of_the_row_into_each_byte_of_a_word(word, mon
     assert torch.equal(got_words.view(torch.int32),
                        torch.where(keep, words, words.flip(-1)).view(torch.int32))
     assert torch.equal(got_codes, codes(words))
+    # A row of a cache: the words, then the scale's bits, compiled as one pointwise write
+    x = torch.randn(3, 64) * torch.tensor([[1.0], [1e-3], [300.0]])
+    q, scale = quantize_int8(x)
+    for rows in (quantize_words(x), torch.compile(quantize_words, fullgraph=True)(x)):
+        assert rows.dtype == word and rows.shape == (3, 17)
+        assert torch.equal(rows[:, :16].view(torch.int32), pack(q).view(torch.int32))
+        assert torch.equal(rows[:, 16:].view(torch.float32), scale)
     torch._dynamo.reset()
 
 
