@@ -491,10 +491,13 @@ void check_stretch(const char* op, const at::Tensor& a, const at::Tensor& kv, in
   TORCH_CHECK(cpu_has(isa), "regionkv::", op, ": kernel ", isa, " does not run here");
 }
 
+// The blocks of kSlots slots that a stretch of S slots is cut into (one for an empty one).
+inline int64_t blocks_of(int64_t S) { return std::max<int64_t>(1, (S + kSlots - 1) / kSlots); }
+
 // (b, h, block) pieces: piece i covers (b, h) = i / blocks, slots of block i % blocks.
 template <class F>
 void pieces(int64_t BH, int64_t S, F&& f) {
-  const int64_t blocks = std::max<int64_t>(1, (S + kSlots - 1) / kSlots);
+  const int64_t blocks = blocks_of(S);
   at::parallel_for(0, BH * blocks, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t s0 = i % blocks * kSlots;
@@ -537,7 +540,7 @@ at::Tensor mix(const at::Tensor& p, const at::Tensor& v, int64_t isa) {
               "regionkv::mix: p must be float32 [B, H, M, S] over v's S slots");
   const int64_t BH = p.size(0) * p.size(1), M = p.size(2), S = v.size(2), D = v.size(3);
   const int64_t kernel = isa;  // AVX-512 for either dtype where the CPU has it
-  const int64_t blocks = std::max<int64_t>(1, (S + kSlots - 1) / kSlots);
+  const int64_t blocks = blocks_of(S);
   at::Tensor pc = p.contiguous();
   // Each piece sums into its own [M, D] rows; the blocks of a (b, h) are added after.
   std::vector<float> part(BH * blocks * M * D);
@@ -611,7 +614,7 @@ at::Tensor mix8(const at::Tensor& p, const at::Tensor& w, const at::Tensor& scal
   TORCH_CHECK(p.scalar_type() == at::kFloat && p.size(3) == w.size(2),
               "regionkv::mix8: p must be float32 [B, H, M, S] over the words' S slots");
   const int64_t BH = p.size(0) * p.size(1), M = p.size(2), S = w.size(2), D = 4 * w.size(3);
-  const int64_t blocks = std::max<int64_t>(1, (S + kSlots - 1) / kSlots);
+  const int64_t blocks = blocks_of(S);
   at::Tensor pc = p.contiguous();
   std::vector<float> part(BH * blocks * M * D);
   const float* pp = pc.data_ptr<float>();

@@ -4,29 +4,22 @@
 // the intrinsics they inline share one target.
 
 // scores8 over slots [s0, s1): out[m, s] = scale[s] * qb[m] . codes[s], qb float32 [M, D] in
-// byte order; D = L * V in registers, else the portable loop (V = 0).
+// byte order, D = L * V in registers.
 template <int V>
 REGIONKV_INLINE void scores8_rows(const float* qb, Stretch w, Stretch sc, float* out, int64_t M,
-                                  int64_t S, int64_t D, int64_t s0, int64_t s1) {
+                                  int64_t S, int64_t s0, int64_t s1) {
+  constexpr int D = L * V;
   const int64_t A = ahead_rows(D, 1);
   for (int64_t s = s0; s < s1; ++s) {
     const int8_t* r = code_row(w, s);
     prefetch_row(code_row(w, s + A), D);
     const float scale = scale_of(sc, s);
-    if constexpr (V == 0) {
-      for (int64_t m = 0; m < M; ++m) {
-        float acc = 0.f;
-        for (int64_t b = 0; b < D; ++b) acc += qb[m * D + b] * r[b];
-        out[m * S + s] = acc * scale;
-      }
-    } else {
-      F kv[V];
-      for (int j = 0; j < V; ++j) kv[j] = load_codes(r + L * j);
-      for (int64_t m = 0; m < M; ++m) {
-        F acc = load<F>(qb + m * D) * kv[0];
-        for (int j = 1; j < V; ++j) acc += load<F>(qb + m * D + L * j) * kv[j];
-        out[m * S + s] = lane_sum(acc) * scale;
-      }
+    F kv[V];
+    for (int j = 0; j < V; ++j) kv[j] = load_codes(r + L * j);
+    for (int64_t m = 0; m < M; ++m) {
+      F acc = load<F>(qb + m * D) * kv[0];
+      for (int j = 1; j < V; ++j) acc += load<F>(qb + m * D + L * j) * kv[j];
+      out[m * S + s] = lane_sum(acc) * scale;
     }
   }
 }
@@ -71,9 +64,9 @@ REGIONKV_INLINE void mix8_fixed(const float* p, Stretch w, Stretch sc, float* ac
 
 inline void scores8(const float* qb, Stretch w, Stretch sc, float* out, int64_t M, int64_t S,
                     int64_t D, int64_t s0, int64_t s1) {
-  if (D == 64) scores8_rows<64 / L>(qb, w, sc, out, M, S, D, s0, s1);
-  else if (D == 128) scores8_rows<128 / L>(qb, w, sc, out, M, S, D, s0, s1);
-  else scores8_rows<0>(qb, w, sc, out, M, S, D, s0, s1);
+  if (D == 64) scores8_rows<64 / L>(qb, w, sc, out, M, S, s0, s1);
+  else if (D == 128) scores8_rows<128 / L>(qb, w, sc, out, M, S, s0, s1);
+  else scores8_portable(qb, w, sc, out, M, S, D, s0, s1);
 }
 
 inline void mix8(const float* p, Stretch w, Stretch sc, float* acc, int64_t M, int64_t S,
