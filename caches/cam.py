@@ -1,8 +1,9 @@
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from caches.base import put_slots
-from caches.region import FAR, RegionCache
+from caches.region import RegionCache, lowest_of_runs
 from core.errors import UserError
 
 
@@ -93,13 +94,15 @@ class CaMCache(RegionCache):
         token-by-token step makes for it (at the position where it left the window)."""
         B, H, C = self.pos.shape
         K, D = victims.shape[-1], self.v_fast.shape[-1]
-        later = self.later_survivors(victims, do)                             # [B, H, K, C]
         m = min(self.merge_span, C)
-        nxt = torch.where(later, self.pos.unsqueeze(2), FAR).topk(m, dim=-1, largest=False).indices
-        follows = later.gather(-1, nxt)                                       # [B, H, K, m]
+        order = self.stay_order(victims, do)
+        # A victim's followers: the m ranks from its `at` among the tokens that stay.
+        ranks = order.at.unsqueeze(-1) + torch.arange(m, device=victims.device)  # [B, H, K, m]
+        follows = ranks < order.n.unsqueeze(-1)
+        nxt = order.slot.gather(-1, ranks.clamp(max=C - 1).flatten(2)).view(B, H, K, m)
         count = follows.sum(-1, keepdim=True)
-        acc = self.acc.unsqueeze(2).expand(B, H, K, C)
-        a_next = (acc.gather(-1, nxt) * follows).sum(-1, keepdim=True) / count.clamp(min=1)
+        a_next = (self.acc.gather(-1, nxt.flatten(2)).view(B, H, K, m) * follows).sum(
+            -1, keepdim=True) / count.clamp(min=1)
         a_i = self.acc.gather(-1, victims).unsqueeze(-1)
         prob = torch.where(a_next > 0, (a_i / a_next.clamp(min=1e-30)).clamp(0, 1), 1.0)
         left_at = self.pos.gather(-1, victims) + self.window                  # [B, H, K]
@@ -107,10 +110,23 @@ class CaMCache(RegionCache):
         draw = uniform_at(self.rng_key.view(-1, 1, 1), left_at, head) < prob.squeeze(-1)
         merge = do & draw & (count.squeeze(-1) > 0)
         share = self.read_v(victims) / count.clamp(min=1)                     # [B, H, K, D]
-        add = (share.unsqueeze(3) * (merge.unsqueeze(-1) & follows).unsqueeze(-1))
-        total = torch.zeros(B, H, C, D, device=share.device).scatter_add_(
-            2, nxt.flatten(2, 3).unsqueeze(-1).expand(B, H, K * m, D), add.flatten(2, 3))
-        hit = torch.zeros(B, H, C, dtype=torch.int32, device=share.device).scatter_add_(
-            -1, nxt.flatten(2, 3), (merge.unsqueeze(-1) & follows).flatten(2, 3).int()) > 0
-        self.write_all_v(self.all_values() + total, hit)
+        # Victims with the same first follower add the same m ranks: their shares summed by one
+        # [K x K] product (no scatter: no order of atomic adds decides a sum), held at that
+        # rank; each rank then takes the sums held at the m ranks up to it.
+        run = torch.where(merge, order.at, C)
+        same = (run.unsqueeze(-1) == run.unsqueeze(-2)).float()               # [B, H, K, K]
+        first = lowest_of_runs(run, C)                                        # [B, H, C]
+        held = (same @ share).gather(2, first.clamp(max=K - 1).unsqueeze(-1).expand(B, H, C, D))
+        starts = first < K
+        held = torch.where(starts.unsqueeze(-1), held, 0.0)
+
+        def window(x: Tensor) -> Tensor:  # x [B, H, C, E] -> at r, the sum of x[r - m + 1 .. r]
+            padded = F.pad(x, (0, 0, m - 1, 0))  # m shifted slices: each vectorized along E
+            return sum(padded[:, :, s:s + C] for s in range(m))
+        total = window(held)
+        hit = (window(starts.unsqueeze(-1).float()).squeeze(-1) > 0) & \
+            (torch.arange(C, device=victims.device) < order.n)                # [B, H, C] by rank
+        rank = order.rank
+        self.write_all_v(self.all_values() + total.gather(2, rank.unsqueeze(-1).expand(B, H, C, D)),
+                         hit.gather(-1, rank))
         super().remove_bulk(victims, do, cur)

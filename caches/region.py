@@ -56,7 +56,7 @@ row). Before a prompt chunk is written, the tokens still waiting are compressed 
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -68,6 +68,14 @@ from model import KVSegment, apply_rope
 from quantize.kv import dequantize_words, quantize_words, split_words, zero_rows
 
 FAR = 2**31 - 1  # a position later than any real one (positions are int32)
+
+
+class StayOrder(NamedTuple):
+    """RegionCache.stay_order: the tokens that stay after a bulk pass's victims go."""
+    slot: Tensor  # [B, H, C] the slots by position, the n that stay first
+    rank: Tensor  # [B, H, C] each slot's place in that order
+    n: Tensor     # [B, H, 1] how many stay
+    at: Tensor    # [B, H, K] the rank of the first token that stays after each victim (n: none)
 
 
 class RegionCache(KVCache):
@@ -522,13 +530,18 @@ class RegionCache(KVCache):
         self.remove_bulk(victims, do, cur)
         self.move_left_to_middle(cur, rows)
 
-    def later_survivors(self, victims: Tensor, do: Tensor) -> Tensor:
-        """[B, H, K, C]: slot c holds a token that stays (it is not among the victims that go,
-        where do [B, H, K]) and comes after victim k (victims [B, H, K], global slots)."""
+    def stay_order(self, victims: Tensor, do: Tensor) -> StayOrder:
+        """The tokens that stay (not among the victims that go, where do [B, H, K]) in position
+        order, and each victim's place in it: what a bulk pass's merges need, without a
+        [victims x slots] search (one topk of every slot, one binary search)."""
+        C = self.pos.shape[-1]
         gone = torch.zeros_like(self.pos, dtype=torch.bool).scatter(-1, victims, do)
-        stays = (self.pos >= 0) & ~gone
-        return stays.unsqueeze(2) & (self.pos.unsqueeze(2) >
-                                     self.pos.gather(-1, victims).unsqueeze(-1))
+        key = torch.where((self.pos >= 0) & ~gone, self.pos, FAR)
+        by_pos, slot = key.topk(C, dim=-1, largest=False)  # the tokens that stay first
+        rank = torch.zeros_like(slot).scatter(
+            -1, slot, torch.arange(C, device=slot.device).expand_as(slot))
+        at = torch.searchsorted(by_pos, self.pos.gather(-1, victims), right=True)
+        return StayOrder(slot, rank, (by_pos < FAR).sum(-1, keepdim=True), at)
 
     def move_left_to_middle(self, cur: Tensor, rows: Optional[Tensor] = None) -> None:
         """Every fast token that left the window moves into a free middle slot (per head: the
@@ -661,6 +674,16 @@ def smallest(key: Tensor, k: int) -> Tensor:
     512 entries into one Triton kernel, and on a GPU a kernel of the bulk pass compiled for
     over 25 s (PERFORMANCE 7c); topk stays ATen's."""
     return key.topk(k, dim=-1, largest=False).indices
+
+
+def lowest_of_runs(run: Tensor, n: int) -> Tensor:
+    """[..., n]: for each value r < n, the lowest index k with run[..., k] == r, or K (run's
+    length) if none: a scatter minimum, the same whichever order it runs in, so no order of
+    atomic writes decides a result."""
+    K = run.shape[-1]
+    first = torch.full((*run.shape[:-1], n), K, dtype=run.dtype, device=run.device)
+    index = torch.arange(K, device=run.device).expand_as(run)
+    return first.scatter_reduce(-1, run.clamp(max=n - 1), torch.where(run < n, index, K), "amin")
 
 
 def first_true(mask: Tensor, k: int) -> Tensor:

@@ -1,7 +1,7 @@
 import torch
 from torch import Tensor
 
-from caches.region import FAR, RegionCache
+from caches.region import FAR, RegionCache, lowest_of_runs
 
 
 class WeightedKVCache(RegionCache):
@@ -63,24 +63,14 @@ class WeightedKVCache(RegionCache):
         super().remove_bulk(victims, do, cur)
 
     def runs(self, victims: Tensor, do: Tensor) -> tuple[Tensor, Tensor]:
-        """The going victims [B, H, K] grouped by the token that stays after them, without a
-        [victims x slots] search: with the tokens that stay sorted by position, a victim's
-        neighbour is the first later one (a binary search). Returns run [B, H, K], the
-        neighbour's rank among the tokens that stay (C for a victim that does not merge), and
-        first [B, H, C], each slot's first victim that merges into it (K if none)."""
-        C, K = self.pos.shape[-1], victims.shape[-1]
-        gone = torch.zeros_like(self.pos, dtype=torch.bool).scatter(-1, victims, do)
-        key = torch.where((self.pos >= 0) & ~gone, self.pos, FAR)
-        by_pos, slot = key.topk(C, dim=-1, largest=False)  # the tokens that stay first
-        ar = torch.arange(max(C, K), device=victims.device)
-        rank = torch.zeros_like(slot).scatter(-1, slot, ar[:C].expand_as(slot))  # [B, H, C]
-        at = torch.searchsorted(by_pos, self.pos.gather(-1, victims), right=True)
-        merges = do & (at < C) & (by_pos.gather(-1, at.clamp(max=C - 1)) < FAR)
-        run = torch.where(merges, at, C)
-        # The lowest victim index of each run (a minimum: the same whatever order it runs in).
-        first = torch.full((*rank.shape[:-1], C + 1), K, dtype=rank.dtype, device=rank.device)
-        first = first.scatter_reduce(-1, run, ar[:K].expand_as(run), "amin")
-        return run, first.gather(-1, rank)
+        """The going victims [B, H, K] grouped by the token that stays after them (its rank
+        among the tokens that stay, `stay_order`). Returns run [B, H, K], that rank (C for a
+        victim that does not merge), and first [B, H, C], each slot's first victim that merges
+        into it (K if none)."""
+        C = self.pos.shape[-1]
+        order = self.stay_order(victims, do)
+        run = torch.where(do & (order.at < order.n), order.at, C)
+        return run, lowest_of_runs(run, C).gather(-1, order.rank)
 
 
 class WeightedKVEvictCache(WeightedKVCache):

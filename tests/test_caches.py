@@ -819,6 +819,53 @@ def test_weightedkv_bulk_merge_matches_a_victim_by_victim_reference(seed):
     assert torch.allclose(cache.v, expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_cam_bulk_merge_matches_a_victim_by_victim_reference(seed):
+    """Random slots, positions, statistics and victims (two rows, two heads, some empty slots,
+    some victims that stay, runs of victims before one follower): each going victim whose draw
+    succeeds adds V_j / count to each of the next min(m, count) positions that stay, with its
+    value from before the pass, as a loop over the victims computes it."""
+    from caches.cam import uniform_at
+    g = torch.Generator().manual_seed(seed)
+    cache = standalone(CaMCache, sink=2, window=12, middle=0, chunk=10, B=2, H=2, merge_span=3,
+                       prompt_compression="bulk", seed=seed)
+    B, H, C = cache.pos.shape
+    for b in range(B):
+        for h in range(H):
+            cache.pos[b, h] = torch.randperm(60, generator=g)[:C].int()
+            cache.pos[b, h, torch.randperm(C, generator=g)[:3]] = -1  # empty slots
+    cache.acc.copy_(torch.rand(B, H, C, generator=g))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
+    K = 10
+    victims = torch.stack([torch.randperm(C, generator=g)[:K] for _ in range(B * H)])
+    victims = victims.view(B, H, K)
+    do = (torch.rand(B, H, K, generator=g) < 0.8) & (cache.pos.gather(-1, victims) >= 0)
+    pos, v, acc = cache.pos.clone(), cache.v.clone(), cache.acc.clone()
+    cache.remove_bulk(victims, do, torch.full((B, 1, 1), 80))
+    expected, merged = v.clone(), 0
+    for b in range(B):
+        for h in range(H):
+            going = {int(j) for j, d in zip(victims[b, h], do[b, h]) if d}
+            stays = sorted((int(pos[b, h, c]), c) for c in range(C)
+                           if pos[b, h, c] >= 0 and c not in going)
+            for j in going:
+                follow = [c for p, c in stays if p > pos[b, h, j]][:3]
+                if not follow:
+                    continue
+                a_next = sum(float(acc[b, h, c]) for c in follow) / len(follow)
+                prob = min(max(float(acc[b, h, j]) / a_next, 0.0), 1.0) if a_next > 0 else 1.0
+                draw = uniform_at(cache.rng_key.view(-1), pos[b, h, j] + cache.window,
+                                  torch.tensor(h + cache.head_offset))
+                if float(draw) < prob:
+                    merged += 1
+                    for c in follow:
+                        expected[b, h, c] += v[b, h, j] / len(follow)
+            assert (cache.pos[b, h] == -1).sum() == (pos[b, h] == -1).sum() + len(going)
+    assert merged >= 4  # the draws went both ways over these seeds' victims
+    kept = cache.pos >= 0
+    assert torch.allclose(cache.v[kept], expected[kept], atol=1e-6)
+
+
 @pytest.mark.parametrize("name", ["weightedkv", "cam", "lagkv", "knorm"])
 def test_bulk_prompt_compression_compiled_matches_eager(name):
     torch._dynamo.reset()
