@@ -571,12 +571,13 @@ class RegionCache(KVCache):
             put_slots(stat, g, torch.where(ok, self.entering(name, src, k), stat.gather(2, g)))
         put_slots(self.pos, src, torch.where(ok, -1, self.pos.gather(2, src)))
 
-    def load_prompt(self, k: Tensor, v: Tensor, keep: Tensor, probs: Tensor) -> None:
+    def load_prompt(self, k: Tensor, v: Tensor, keep: Optional[Tensor],
+                    probs: Optional[Tensor]) -> None:
         """Hold a whole prompt at once (one-shot prompt compression, caches/snapkv.py): k/v
         [B, H, T, D] un-rotated at positions 0..T-1; the sink and window tokens stay, and of the
-        rest those where keep [B, H, T] (at most `middle` per head) enter the middle in position
-        order. probs [B, H, W, T], the attention of the last W prompt tokens, start the policy's
-        statistics (`accumulate`)."""
+        rest those where keep [B, H, T] (at most `middle` per head; None: all of them) enter the
+        middle in position order. probs [B, H, W, T], the attention of the last W prompt tokens,
+        start the policy's statistics (`accumulate`; None for a policy without them)."""
         self.reset()
         B, H, T, D = k.shape
         t = torch.arange(T, device=k.device)
@@ -588,10 +589,15 @@ class RegionCache(KVCache):
         self.v_fast[:, :, slots] = v[:, :, fast].to(self.v.dtype)
         self.pos[:, :, slots] = fast.to(torch.int32)
         # Middle survivors in position order: keep's True entries first, each head its own.
-        n = int(keep[0, 0].sum())
-        src = first_true(keep, n)  # [B, H, n]
-        idx = src.unsqueeze(-1).expand(B, H, n, D)
-        km, vm = k.gather(2, idx), v.gather(2, idx)
+        if keep is None:  # all of them: one stretch, no search
+            n = T - self.sink - self.window
+            src = t[self.sink:self.sink + n].expand(B, H, n)
+            km, vm = k[:, :, self.sink:self.sink + n], v[:, :, self.sink:self.sink + n]
+        else:
+            n = int(keep[0, 0].sum())
+            src = first_true(keep, n)  # [B, H, n]
+            idx = src.unsqueeze(-1).expand(B, H, n, D)
+            km, vm = k.gather(2, idx), v.gather(2, idx)
         if self.middle_int8:
             self.k_words[:, :, :n], self.v_words[:, :, :n] = quantize_words(km), quantize_words(vm)
         else:
@@ -599,15 +605,15 @@ class RegionCache(KVCache):
         self.pos[:, :, self.n_fast:self.n_fast + n] = src.to(torch.int32)
         if self.key_stat:
             getattr(self, self.key_stat).copy_(self.of_key(self.all_keys()))
-        # The observation window's attention, moved onto the slots its tokens now hold.
-        slot_of = torch.full((B, H, T), -1, dtype=torch.long, device=k.device)
-        slot_of[:, :, fast] = slots
-        slot_of.scatter_(-1, src, self.n_fast + torch.arange(n, device=k.device).expand_as(src))
-        held = (slot_of >= 0).unsqueeze(2)
-        p = torch.zeros(B, H, probs.shape[2], self.capacity, device=k.device)
-        p.scatter_add_(-1, slot_of.clamp(min=0).unsqueeze(2).expand_as(probs),
-                       torch.where(held, probs, 0.0))
-        self.accumulate(p, t[T - probs.shape[2]:].expand(B, -1))
+        if probs is not None:  # the observation window's attention, onto the slots it now holds
+            slot_of = torch.full((B, H, T), -1, dtype=torch.long, device=k.device)
+            slot_of[:, :, fast] = slots
+            slot_of.scatter_(-1, src, self.n_fast + torch.arange(n, device=k.device).expand_as(src))
+            held = (slot_of >= 0).unsqueeze(2)
+            p = torch.zeros(B, H, probs.shape[2], self.capacity, device=k.device)
+            p.scatter_add_(-1, slot_of.clamp(min=0).unsqueeze(2).expand_as(probs),
+                           torch.where(held, probs, 0.0))
+            self.accumulate(p, t[T - probs.shape[2]:].expand(B, -1))
         self.after_load(torch.full((B, 1, 1), T - 1, device=k.device))
 
     def must_remove(self, valid: Tensor, score: Tensor, victim: Tensor) -> Tensor:

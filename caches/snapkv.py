@@ -101,7 +101,10 @@ def prefill_whole(model, caches, tokens: Tensor) -> Tensor:
     for p, c in zip(passes, caches):
         if p is c:
             continue
-        probs, votes = observation_votes(p.q_obs, p.k)
-        keep = keep_middle(votes, c.sink, c.window, c.middle)
+        if c.keeps_every_token and not c.wants_probs and T - c.sink - c.window <= c.middle:
+            probs = keep = None  # every token stays and no statistic reads attention: no votes
+        else:
+            probs, votes = observation_votes(p.q_obs, p.k)
+            keep = keep_middle(votes, c.sink, c.window, c.middle)
         c.load_prompt(p.raw_k, p.v, keep, probs)
     return logits[:, -1]
