@@ -33,6 +33,10 @@ for d in float32 bfloat16; do  # 1, 3: every policy against streaming and full, 
     probe interleaved-$c-$d scripts/interleaved_overhead.py $c full,$ALL $d
   done
 done
-for d in float32 bfloat16; do  # 1, 3 as bench.py rows (one after another)
-  run targets-$d --dtype $d --contexts 1024,4096 --cache full,$ALL --cache_size 256 --new_tokens 24 --repeats 2 --compile on
+# 2 again: CaM's bulk pass before (the commit before 67f102d) and after, back to back
+run ttft-4k-bfloat16-cam-after --dtype bfloat16 --contexts 4096 --cache full,h2o,cam,weightedkv --cache_size 256 --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 3 --compile on --compile_prefill
+# 2: quantized's route, the prompt read in one shot, against full's first token read as it is
+for d in float32 bfloat16; do
+  run full-4k-ttft-$d --dtype $d --contexts 4096 --cache full --new_tokens 8 --repeats 2 --compile on
+  run quantized-snapkv-4k-$d --dtype $d --contexts 4096 --cache quantized --cache_size 256 --prompt_compression snapkv --new_tokens 8 --repeats 2 --compile on
 done
