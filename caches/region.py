@@ -582,12 +582,8 @@ class RegionCache(KVCache):
         B, H, T, D = k.shape
         t = torch.arange(T, device=k.device)
         fast = ((t < self.sink) | (t >= T - self.window)).nonzero().view(-1)  # same for all rows
-        if self.positions == "original":
-            k = self.rotate(k, t.expand(B, T))
         slots = self.fast_slot(fast)
-        self.k_fast[:, :, slots] = k[:, :, fast].to(self.k.dtype)
-        self.v_fast[:, :, slots] = v[:, :, fast].to(self.v.dtype)
-        self.pos[:, :, slots] = fast.to(torch.int32)
+        kf = k[:, :, fast]
         # Middle survivors in position order: keep's True entries first, each head its own.
         if keep is None:  # all of them: one stretch, no search
             n = T - self.sink - self.window
@@ -598,6 +594,11 @@ class RegionCache(KVCache):
             src = first_true(keep, n)  # [B, H, n]
             idx = src.unsqueeze(-1).expand(B, H, n, D)
             km, vm = k.gather(2, idx), v.gather(2, idx)
+        if self.positions == "original":  # only the tokens that stay, each at its position
+            kf, km = apply_rope(kf, self.rope[fast]), apply_rope(km, self.rope[src])
+        self.k_fast[:, :, slots] = kf.to(self.k.dtype)
+        self.v_fast[:, :, slots] = v[:, :, fast].to(self.v.dtype)
+        self.pos[:, :, slots] = fast.to(torch.int32)
         if self.middle_int8:
             self.k_words[:, :, :n], self.v_words[:, :, :n] = quantize_words(km), quantize_words(vm)
         else:
@@ -606,14 +607,9 @@ class RegionCache(KVCache):
         if self.key_stat:
             getattr(self, self.key_stat).copy_(self.of_key(self.all_keys()))
         if probs is not None:  # the observation window's attention, onto the slots it now holds
-            slot_of = torch.full((B, H, T), -1, dtype=torch.long, device=k.device)
-            slot_of[:, :, fast] = slots
-            slot_of.scatter_(-1, src, self.n_fast + torch.arange(n, device=k.device).expand_as(src))
-            held = (slot_of >= 0).unsqueeze(2)
-            p = torch.zeros(B, H, probs.shape[2], self.capacity, device=k.device)
-            p.scatter_add_(-1, slot_of.clamp(min=0).unsqueeze(2).expand_as(probs),
-                           torch.where(held, probs, 0.0))
-            self.accumulate(p, t[T - probs.shape[2]:].expand(B, -1))
+            W, held = probs.shape[2], self.pos.unsqueeze(2)  # a slot's position is its token
+            p = probs.gather(-1, held.long().clamp(min=0).expand(B, H, W, held.shape[-1]))
+            self.accumulate(torch.where(held >= 0, p, 0.0), t[T - W:].expand(B, -1))
         self.after_load(torch.full((B, 1, 1), T - 1, device=k.device))
 
     def must_remove(self, valid: Tensor, score: Tensor, victim: Tensor) -> Tensor:

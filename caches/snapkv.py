@@ -23,6 +23,7 @@ from torch import Tensor
 
 from caches.full import FullCache
 from caches.region import RegionCache
+from quantize.dense import exact_matmul
 
 POOL = 7  # SnapKV's pooling kernel
 
@@ -51,7 +52,10 @@ def observation_votes(q_obs: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
     B, H, W, D = q_obs.shape
     Hkv, T = k.shape[1], k.shape[2]
     G = H // Hkv
-    scores = q_obs.float().view(B, Hkv, G, W, D) @ k.float().unsqueeze(2).transpose(-1, -2)
+    # One product per KV head over its whole query group: the keys are read once, not copied
+    # once per query head of the group (a broadcast matmul's expand).
+    scores = exact_matmul(q_obs.reshape(B, Hkv, G * W, D).to(k.dtype), k.transpose(-1, -2))
+    scores = scores.view(B, Hkv, G, W, T)
     query_pos = torch.arange(T - W, T, device=k.device).view(W, 1)
     future = torch.arange(T, device=k.device).view(1, T) > query_pos
     probs = torch.softmax((scores / math.sqrt(D)).masked_fill(future, float("-inf")), dim=-1)

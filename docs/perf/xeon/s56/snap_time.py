@@ -29,7 +29,7 @@ S.prefill_whole = timed("prefill_whole", S.prefill_whole)
 G.prefill_whole = S.prefill_whole if hasattr(G, "prefill_whole") else None
 dtype = sys.argv[1]
 model = load_model(resolve_checkpoint(None), dtype=DTYPES[dtype])
-f = make_cache_factory("quantized", cache_size=256, prompt_compression="snapkv")
+f = make_cache_factory(sys.argv[2] if len(sys.argv) > 2 else "quantized", cache_size=256, prompt_compression="snapkv")
 gen = G.Generator(model, 4300, make_cache=f, compile=True)
 gen.warmup(0.0, None)
 prompt = [100 + (i * 7919) % 40000 for i in range(4096)]
