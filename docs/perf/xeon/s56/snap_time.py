@@ -1,8 +1,9 @@
-"""Probe (PERFORMANCE 6zf): where a one-shot `quantized` prompt's first token goes (4k tokens,
+"""Probe (PERFORMANCE 6zf): where a one-shot prompt's first token goes (POLICY, default
+`quantized`; 4k tokens,
 --prompt_compression snapkv, budget 256, a session of 4,300 positions, so that the middle holds
 every prompt token), split into the read itself and the pieces of the compression:
 
-    python docs/perf/xeon/s56/snap_time.py bfloat16
+    python docs/perf/xeon/s56/snap_time.py DTYPE [POLICY]     # e.g. bfloat16 h2o
 
 Prints each of three reads' first-token seconds and the seconds in each timed function.
 """
@@ -29,7 +30,8 @@ S.prefill_whole = timed("prefill_whole", S.prefill_whole)
 G.prefill_whole = S.prefill_whole if hasattr(G, "prefill_whole") else None
 dtype = sys.argv[1]
 model = load_model(resolve_checkpoint(None), dtype=DTYPES[dtype])
-f = make_cache_factory(sys.argv[2] if len(sys.argv) > 2 else "quantized", cache_size=256, prompt_compression="snapkv")
+policy = sys.argv[2] if len(sys.argv) > 2 else "quantized"
+f = make_cache_factory(policy, cache_size=256, prompt_compression="snapkv")
 gen = G.Generator(model, 4300, make_cache=f, compile=True)
 gen.warmup(0.0, None)
 prompt = [100 + (i * 7919) % 40000 for i in range(4096)]
