@@ -1,7 +1,7 @@
 """Probe (PERFORMANCE 6zf): where a one-shot prompt's first token goes (POLICY, default
-`quantized`; 4k tokens,
---prompt_compression snapkv, budget 256, a session of 4,300 positions, so that the middle holds
-every prompt token), split into the read itself and the pieces of the compression:
+`quantized`; 4k tokens, --prompt_compression snapkv, budget 256, a session of 4,300 positions,
+so that `quantized`'s middle holds every prompt token), split into the read itself and the
+pieces of the compression:
 
     python docs/perf/xeon/s56/snap_time.py DTYPE [POLICY]     # e.g. bfloat16 h2o
 
