@@ -1,9 +1,8 @@
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from caches.base import put_slots
-from caches.region import RegionCache, lowest_of_runs
+from caches.region import RegionCache, smallest
 from core.errors import UserError
 
 
@@ -89,15 +88,21 @@ class CaMCache(RegionCache):
         self.evict(victim, do)
 
     def remove_bulk(self, victims: Tensor, do: Tensor, cur: Tensor) -> None:
-        """Every token that left the window in the chunk goes at once; each merges as above into
-        the next m tokens that stay, with its value from before the pass and the draw the
-        token-by-token step makes for it (at the position where it left the window)."""
+        """Every token that left the window in the chunk goes at once, as the token steps take
+        them in position order: each adds its value / count to the next m tokens present, later
+        victims of the pass included, which pass on what they received when they go; the draw
+        is the one the token step makes for it (at the position where it left the window). The
+        chain over the pass's victims is one triangular solve."""
         B, H, C = self.pos.shape
         K, D = victims.shape[-1], self.v_fast.shape[-1]
         m = min(self.merge_span, C)
-        order = self.stay_order(victims, do)
-        # A victim's followers: the m ranks from its `at` among the tokens that stay.
-        ranks = order.at.unsqueeze(-1) + torch.arange(m, device=victims.device)  # [B, H, K, m]
+        gone = torch.zeros_like(self.pos, dtype=torch.bool).scatter(-1, victims, do)
+        order = self.stay_order(victims, torch.zeros_like(do))  # every token present, by position
+        # The victims in position order, so that a share only reaches later ones (a triangle).
+        rank = order.rank.gather(-1, victims)
+        by_rank = smallest(torch.where(do, rank, C + torch.arange(K, device=rank.device)), K)
+        victims, do, rank = (x.gather(-1, by_rank) for x in (victims, do, rank))
+        ranks = rank.unsqueeze(-1) + torch.arange(1, m + 1, device=victims.device)  # [B, H, K, m]
         follows = ranks < order.n.unsqueeze(-1)
         nxt = order.slot.gather(-1, ranks.clamp(max=C - 1).flatten(2)).view(B, H, K, m)
         count = follows.sum(-1, keepdim=True)
@@ -109,24 +114,16 @@ class CaMCache(RegionCache):
         head = torch.arange(H, device=victims.device).view(1, H, 1) + self.head_offset
         draw = uniform_at(self.rng_key.view(-1, 1, 1), left_at, head) < prob.squeeze(-1)
         merge = do & draw & (count.squeeze(-1) > 0)
-        share = self.read_v(victims) / count.clamp(min=1)                     # [B, H, K, D]
-        # Victims with the same first follower add the same m ranks: their shares summed by one
-        # [K x K] product (no scatter: no order of atomic adds decides a sum), held at that
-        # rank; each rank then takes the sums held at the m ranks up to it.
-        run = torch.where(merge, order.at, C)
-        same = (run.unsqueeze(-1) == run.unsqueeze(-2)).float()               # [B, H, K, K]
-        first = lowest_of_runs(run, C)                                        # [B, H, C]
-        held = (same @ share).gather(2, first.clamp(max=K - 1).unsqueeze(-1).expand(B, H, C, D))
-        starts = first < K
-        held = torch.where(starts.unsqueeze(-1), held, 0.0)
+        per = merge.float() / count.squeeze(-1).clamp(min=1)                 # [B, H, K]
 
-        def window(x: Tensor) -> Tensor:  # x [B, H, C, E] -> at r, the sum of x[r - m + 1 .. r]
-            padded = F.pad(x, (0, 0, m - 1, 0))  # m shifted slices: each vectorized along E
-            return sum(padded[:, :, s:s + C] for s in range(m))
-        total = window(held)
-        hit = (window(starts.unsqueeze(-1).float()).squeeze(-1) > 0) & \
-            (torch.arange(C, device=victims.device) < order.n)                # [B, H, C] by rank
-        rank = order.rank
-        self.write_all_v(self.all_values() + total.gather(2, rank.unsqueeze(-1).expand(B, H, C, D)),
-                         hit.gather(-1, rank))
+        def reaches(into: Tensor) -> Tensor:  # [..., N] ranks -> [B, H, N, K]: victim k's share
+            gap = into.unsqueeze(-1) - rank.unsqueeze(-2)                    # lands there
+            return ((gap > 0) & (gap <= m)).float() * per.unsqueeze(-2)
+        chain = reaches(rank) * do.unsqueeze(-1)                             # [B, H, K, K]
+        eye = torch.eye(K, device=victims.device)
+        value = torch.linalg.solve_triangular(eye - chain, self.read_v(victims), upper=False,
+                                              unitriangular=True)            # [B, H, K, D]
+        stays = (self.pos >= 0) & ~gone
+        onto = reaches(order.rank) * stays.unsqueeze(-1)                     # [B, H, C, K]
+        self.write_all_v(self.all_values() + onto @ value, (onto > 0).any(-1))
         super().remove_bulk(victims, do, cur)

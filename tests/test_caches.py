@@ -675,7 +675,8 @@ def test_the_bulk_pass_is_the_token_steps_exactly_where_the_policy_says_so(name,
     token can go), one bulk pass per chunk leaves the tokens, keys, values and statistics that
     the chunk's token steps leave, and chunked prompt compression takes the pass. The other
     policies differ here (merges, or scores that move as the chunk's steps go: WeightedKV's
-    a / n, KeyDiff's mean key, Knorm's norm of an INT8 key), so they keep the token steps."""
+    a / n, KeyDiff's mean key, Knorm's norm of an INT8 key), so they keep the token steps;
+    CaM's pass chains its merges as the steps do, equal up to rounding."""
     model = tiny_model()
     ids = torch.randint(0, 256, (2, 56), generator=torch.Generator().manual_seed(0))
 
@@ -690,15 +691,19 @@ def test_the_bulk_pass_is_the_token_steps_exactly_where_the_policy_says_so(name,
         return caches
 
     steps, one_pass = read("chunked", token_steps=True), read("bulk")
-    exact = all(same_by_position(a, b) for a, b in zip(steps, one_pass))
-    assert exact == one_pass[0].exact_bulk
+    exact, takes_pass = all(same_by_position(a, b) for a, b in zip(steps, one_pass)), \
+        one_pass[0].exact_bulk
+    # CaM's pass is its token steps' chain (the same here, in float32), but it rounds once where
+    # the steps round each merge to the cache dtype: chunked prompts keep the steps.
+    assert exact == (takes_pass or name == "cam")
     calls = []
     step = RegionCache.compress_step
     monkeypatch.setattr(RegionCache, "compress_step",
                         lambda self, cur: calls.append(cur) or step(self, cur))
     chunked = read("chunked")
-    assert all(same_by_position(a, b, atol=0) for a, b in zip(chunked, one_pass if exact else steps))
-    assert (len(calls) == 0) == exact
+    assert all(same_by_position(a, b, atol=0)
+               for a, b in zip(chunked, one_pass if takes_pass else steps))
+    assert (len(calls) == 0) == takes_pass
 
 
 @pytest.mark.parametrize("name,kw", [
@@ -827,9 +832,9 @@ def test_weightedkv_bulk_merge_matches_a_victim_by_victim_reference(seed):
 @pytest.mark.parametrize("seed", range(4))
 def test_cam_bulk_merge_matches_a_victim_by_victim_reference(seed):
     """Random slots, positions, statistics and victims (two rows, two heads, some empty slots,
-    some victims that stay, runs of victims before one follower): each going victim whose draw
-    succeeds adds V_j / count to each of the next min(m, count) positions that stay, with its
-    value from before the pass, as a loop over the victims computes it."""
+    some victims that stay): the pass is the token steps' chain in position order, each going
+    victim whose draw succeeds adding its value then (with what earlier victims added to it)
+    / count to each of the next min(m, count) tokens present, later victims included."""
     from caches.cam import uniform_at
     cache = standalone(CaMCache, sink=2, window=12, middle=0, chunk=10, B=2, H=2, merge_span=3,
                        prompt_compression="bulk", seed=seed)
@@ -837,14 +842,13 @@ def test_cam_bulk_merge_matches_a_victim_by_victim_reference(seed):
     victims, do = random_bulk_pass(cache, torch.Generator().manual_seed(seed), 60, 10)
     pos, v, acc = cache.pos.clone(), cache.v.clone(), cache.acc.clone()
     cache.remove_bulk(victims, do, torch.full((B, 1, 1), 80))
-    expected, merged = v.clone(), 0
+    expected, merged, chained = v.clone(), 0, 0
     for b in range(B):
         for h in range(H):
             going = {int(j) for j, d in zip(victims[b, h], do[b, h]) if d}
-            stays = sorted((int(pos[b, h, c]), c) for c in range(C)
-                           if pos[b, h, c] >= 0 and c not in going)
-            for j in going:
-                follow = [c for p, c in stays if p > pos[b, h, j]][:3]
+            present = sorted((int(pos[b, h, c]), c) for c in range(C) if pos[b, h, c] >= 0)
+            for _, j in sorted((int(pos[b, h, j]), j) for j in going):
+                follow = [c for p, c in present if p > pos[b, h, j]][:3]
                 if not follow:
                     continue
                 a_next = sum(float(acc[b, h, c]) for c in follow) / len(follow)
@@ -853,12 +857,13 @@ def test_cam_bulk_merge_matches_a_victim_by_victim_reference(seed):
                                   torch.tensor(h + cache.head_offset))
                 if float(draw) < prob:
                     merged += 1
+                    chained += any(c in going for c in follow)
                     for c in follow:
-                        expected[b, h, c] += v[b, h, j] / len(follow)
+                        expected[b, h, c] += expected[b, h, j] / len(follow)
             assert (cache.pos[b, h] == -1).sum() == (pos[b, h] == -1).sum() + len(going)
-    assert merged >= 4  # the draws went both ways over these seeds' victims
+    assert merged >= 4 and chained >= 2  # draws both ways; shares that reach later victims
     kept = cache.pos >= 0
-    assert torch.allclose(cache.v[kept], expected[kept], atol=1e-6)
+    assert torch.allclose(cache.v[kept], expected[kept], atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["weightedkv", "cam", "lagkv", "knorm"])
