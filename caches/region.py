@@ -607,9 +607,9 @@ class RegionCache(KVCache):
         if self.key_stat:
             getattr(self, self.key_stat).copy_(self.of_key(self.all_keys()))
         if probs is not None:  # the observation window's attention, onto the slots it now holds
-            W, held = probs.shape[2], self.pos.unsqueeze(2)  # a slot's position is its token
-            p = probs.gather(-1, held.long().clamp(min=0).expand(B, H, W, held.shape[-1]))
-            self.accumulate(torch.where(held >= 0, p, 0.0), t[T - W:].expand(B, -1))
+            W, pos = probs.shape[2], self.pos.unsqueeze(2)  # a slot's position is its token
+            p = probs.gather(-1, pos.long().clamp(min=0).expand(B, H, W, pos.shape[-1]))
+            self.accumulate(torch.where(pos >= 0, p, 0.0), t[T - W:].expand(B, -1))
         self.after_load(torch.full((B, 1, 1), T - 1, device=k.device))
 
     def must_remove(self, valid: Tensor, score: Tensor, victim: Tensor) -> Tensor:
@@ -676,16 +676,6 @@ def smallest(key: Tensor, k: int) -> Tensor:
     512 entries into one Triton kernel, and on a GPU a kernel of the bulk pass compiled for
     over 25 s (PERFORMANCE 7c); topk stays ATen's."""
     return key.topk(k, dim=-1, largest=False).indices
-
-
-def lowest_of_runs(run: Tensor, n: int) -> Tensor:
-    """[..., n]: for each value r < n, the lowest index k with run[..., k] == r, or K (run's
-    length) if none: a scatter minimum, the same whichever order it runs in, so no order of
-    atomic writes decides a result."""
-    K = run.shape[-1]
-    first = torch.full((*run.shape[:-1], n), K, dtype=run.dtype, device=run.device)
-    index = torch.arange(K, device=run.device).expand_as(run)
-    return first.scatter_reduce(-1, run.clamp(max=n - 1), torch.where(run < n, index, K), "amin")
 
 
 def first_true(mask: Tensor, k: int) -> Tensor:

@@ -105,10 +105,12 @@ def prefill_whole(model, caches, tokens: Tensor) -> Tensor:
     for p, c in zip(passes, caches):
         if p is c:
             continue
-        if c.keeps_every_token and not c.wants_probs and T - c.sink - c.window <= c.middle:
-            probs = keep = None  # every token stays and no statistic reads attention: no votes
-        else:
+        # The middle may hold every token between sink and window (quantized's): nothing to
+        # choose, and no votes unless the policy's statistics read attention.
+        keeps_all = T - c.sink - c.window <= c.middle
+        probs = votes = None
+        if c.wants_probs or not keeps_all:
             probs, votes = observation_votes(p.q_obs, p.k)
-            keep = keep_middle(votes, c.sink, c.window, c.middle)
+        keep = None if keeps_all else keep_middle(votes, c.sink, c.window, c.middle)
         c.load_prompt(p.raw_k, p.v, keep, probs)
     return logits[:, -1]

@@ -1,7 +1,7 @@
 import torch
 from torch import Tensor
 
-from caches.region import FAR, RegionCache, lowest_of_runs
+from caches.region import FAR, RegionCache
 
 
 class WeightedKVCache(RegionCache):
@@ -67,10 +67,14 @@ class WeightedKVCache(RegionCache):
         among the tokens that stay, `stay_order`). Returns run [B, H, K], that rank (C for a
         victim that does not merge), and first [B, H, C], each slot's first victim that merges
         into it (K if none)."""
-        C = self.pos.shape[-1]
+        C, K = self.pos.shape[-1], victims.shape[-1]
         order = self.stay_order(victims, do)
         run = torch.where(do & (order.at < order.n), order.at, C)
-        return run, lowest_of_runs(run, C).gather(-1, order.rank)
+        # The lowest victim index of each run (a minimum: the same whatever order it runs in).
+        first = torch.full((*run.shape[:-1], C + 1), K, dtype=run.dtype, device=run.device)
+        first = first.scatter_reduce(-1, run, torch.arange(K, device=run.device).expand_as(run),
+                                     "amin")
+        return run, first.gather(-1, order.rank)
 
 
 class WeightedKVEvictCache(WeightedKVCache):
