@@ -2,7 +2,7 @@ import torch
 from torch import Tensor
 
 from caches.base import put_slots
-from caches.region import RegionCache, smallest
+from caches.region import RegionCache
 from core.errors import UserError
 
 
@@ -99,9 +99,11 @@ class CaMCache(RegionCache):
         gone = torch.zeros_like(self.pos, dtype=torch.bool).scatter(-1, victims, do)
         order = self.stay_order(victims, torch.zeros_like(do))  # every token present, by position
         # The victims in position order, so that a share only reaches later ones (a triangle).
-        rank = order.rank.gather(-1, victims)
-        by_rank = smallest(torch.where(do, rank, C + torch.arange(K, device=rank.device)), K)
-        victims, do, rank = (x.gather(-1, by_rank) for x in (victims, do, rank))
+        # Those that do not go last, at ranks C + k of their own: every rank distinct.
+        key = torch.where(do, order.rank.gather(-1, victims),
+                          C + torch.arange(K, device=victims.device))
+        rank, by_rank = key.topk(K, dim=-1, largest=False)
+        victims, do = (x.gather(-1, by_rank) for x in (victims, do))
         ranks = rank.unsqueeze(-1) + torch.arange(1, m + 1, device=victims.device)  # [B, H, K, m]
         follows = ranks < order.n.unsqueeze(-1)
         nxt = order.slot.gather(-1, ranks.clamp(max=C - 1).flatten(2)).view(B, H, K, m)
@@ -116,14 +118,21 @@ class CaMCache(RegionCache):
         merge = do & draw & (count.squeeze(-1) > 0)
         per = merge.float() / count.squeeze(-1).clamp(min=1)                 # [B, H, K]
 
-        def reaches(into: Tensor) -> Tensor:  # [..., N] ranks -> [B, H, N, K]: victim k's share
-            gap = into.unsqueeze(-1) - rank.unsqueeze(-2)                    # lands there
-            return ((gap > 0) & (gap <= m)).float() * per.unsqueeze(-2)
-        chain = reaches(rank) * do.unsqueeze(-1)                             # [B, H, K, K]
-        eye = torch.eye(K, device=victims.device)
-        value = torch.linalg.solve_triangular(eye - chain, self.read_v(victims), upper=False,
-                                              unitriangular=True)            # [B, H, K, D]
-        stays = (self.pos >= 0) & ~gone
-        onto = reaches(order.rank) * stays.unsqueeze(-1)                     # [B, H, C, K]
-        self.write_all_v(self.all_values() + onto @ value, (onto > 0).any(-1))
+        # What each victim passes on, w = per * (its value + what earlier victims passed to it
+        # within m ranks): (I - diag(per) band) w = per * v, one triangular solve. A last
+        # channel of ones counts the shares, for the slots to write.
+        gap = rank.unsqueeze(-1) - rank.unsqueeze(-2)                        # [B, H, K, K]
+        chain = ((gap > 0) & (gap <= m)).float() * per.unsqueeze(-1)
+        v = torch.cat([self.read_v(victims), torch.ones_like(per).unsqueeze(-1)], -1)
+        w = torch.linalg.solve_triangular(-chain, v * per.unsqueeze(-1), upper=False,
+                                          unitriangular=True)  # the unit diagonal: I - chain
+        # Each w held at its victim's rank among the tokens present (distinct ranks: no two
+        # writes race); each rank takes what the m ranks below it hold, by m shifted slices
+        # (no [slots x victims] matrix).
+        held = torch.zeros(B, H, m + C + K, D + 1, device=v.device).scatter(  # m rows of zeros
+            2, (rank + m).unsqueeze(-1).expand(B, H, K, D + 1), w)          # below rank 0
+        total = sum(held[:, :, m - s:m - s + C] for s in range(1, m + 1))    # [B, H, C, D + 1]
+        total = total.gather(2, order.rank.unsqueeze(-1).expand(B, H, C, D + 1))  # by slot
+        hit = (total[..., D] > 0) & (self.pos >= 0) & ~gone
+        self.write_all_v(self.all_values() + total[..., :D], hit)
         super().remove_bulk(victims, do, cur)
