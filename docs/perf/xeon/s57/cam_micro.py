@@ -1,11 +1,15 @@
-"""Probe (PERFORMANCE 6zg): CaM's bulk pass alone, compiled, at a 4k prompt's shapes (3 KV heads, 386
-slots, 128 victims): `python docs/perf/xeon/s57/cam_micro.py DTYPE [p]` (p: a profile too)."""
+"""Probe (PERFORMANCE 6zg): CaM's bulk pass alone, compiled, at a 4k prompt's shapes (3 KV
+heads, 386 slots, 128 victims):
+
+    python docs/perf/xeon/s57/cam_micro.py DTYPE [p]      # p: a profile by kernel too
+"""
 import sys, time, torch
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[4]))
 from caches.cam import CaMCache
 from model import rope_table
 torch.set_num_threads(2)
-import torch._inductor.config as ic0; ic0.cpp.enable_kernel_profile = True
+import torch._inductor.config as ic0
+ic0.cpp.enable_kernel_profile = len(sys.argv) > 2
 dt = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
 rope = rope_table(4096, 64, 10000.0, None)
 c = CaMCache(1, 3, 64, 4096, dt, rope, sink=4, window=253, middle=0, chunk=128,
