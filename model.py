@@ -179,10 +179,13 @@ CPU_BF16_MATMUL = torch.backends.mkldnn.is_available() and \
 
 
 def reduces(q: Tensor, int8: bool) -> bool:
-    """Whether attention reads a stretch as a reduction (compiled only): always for int8 (no
-    float32 copy of the codes), and for few-row CPU steps."""
-    return torch.compiler.is_compiling() and (
-        int8 or (q.device.type == "cpu" and q.shape[-2] <= REDUCE_ROWS))
+    """Whether attention reads a stretch as a reduction (compiled only): few-row steps, on any
+    device for int8 (no float32 copy of the codes), on the CPU otherwise. A prompt chunk's
+    many rows take matmuls, for int8 over a float32 copy of the codes: one copy a chunk, where
+    a reduction (or the decode kernels) would read and widen every code once per row, 384 of
+    them in a 128-token chunk (a 4k prompt of `quantized`: 33 s, PERFORMANCE 6zg)."""
+    return torch.compiler.is_compiling() and q.shape[-2] <= REDUCE_ROWS and (
+        int8 or q.device.type == "cpu")
 
 
 class KVSegment(NamedTuple):
@@ -211,7 +214,9 @@ class KVSegment(NamedTuple):
                 # slice of the cat below, not a buffer of its own scaled into it
                 kw = kw * self.k_scale.unsqueeze(-1)
                 return (qw.unsqueeze(-3) * kw.unsqueeze(-4)).sum((-1, -2))
-            s = qw.flatten(-2) @ kw.flatten(-2).transpose(-1, -2)
+            # The codes in the model dtype hold them exactly (|code| <= 127): with the query
+            # as it came, an exact product in float32 (bfloat16 on AMX, not float32 FMAs).
+            s = exact_matmul(q, kw.flatten(-2).to(q.dtype).transpose(-1, -2))
             return s * self.k_scale.transpose(-1, -2)
         if reduces(q, False):
             if kernels.serve_attention(self.k):  # each key read once for all rows

@@ -104,7 +104,10 @@ def open_checkpoint(args):
 
 def run(main) -> None:
     """Run a CLI main(); user errors and Ctrl-C end with one line, not a traceback (under
-    torchrun: from rank 0 only, every rank exiting)."""
+    torchrun: from rank 0 only, every rank exiting). Big temporaries stay with the process
+    (core.memory.keep_freed_buffers)."""
+    from core.memory import keep_freed_buffers
+    keep_freed_buffers()
     speaks = os.environ.get("RANK", "0") == "0"
     try:
         main()

@@ -143,3 +143,41 @@ def test_default_flags_run_past_the_context(default_checkpoint, tmp_path):
                     "--temperature", "0", "--json")
     assert full.returncode == 0 and "positions stop at 128" in full.stderr
     assert json.loads(full.stdout)["positions"] == "original"
+
+
+FAULT_PROBE = r"""
+import resource, sys, torch
+sys.path.insert(0, sys.argv[1])
+from core.memory import keep_freed_buffers
+import engine.cli
+if sys.argv[2] == "cli":
+    engine.cli.run(lambda: None)  # what every entry point does first
+def step():  # temporaries over glibc's 32 MiB mmap threshold, two of them alive at once
+    a = torch.empty(40 * 2**20 // 4).fill_(1)
+    torch.empty(38 * 2**20 // 4).fill_(1)
+for _ in range(10):  # the heap settles
+    step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    step()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.parametrize("entry", ["cli", "library"])
+def test_the_cli_reuses_big_temporaries_instead_of_faulting_them_in(entry):
+    """Through engine.cli.run, steps that each make two temporaries of 38-40 MiB reuse their
+    blocks from malloc's heap once it has settled (no pages faulted in); imported as a
+    library, the engine leaves malloc as it is (each temporary maps and faults its ~10,000
+    pages again, every step)."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    proc = subprocess.run([sys.executable, "-c", FAULT_PROBE, str(ROOT), entry],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    faults = int(proc.stdout.split()[-1])
+    if entry == "cli":
+        assert faults < 1000, faults
+    else:
+        assert faults > 10 * 2 * 9728 * 0.9, faults
