@@ -429,6 +429,39 @@ def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
     torch._dynamo.reset()
 
 
+def test_a_compiled_prompt_chunk_reads_int8_by_matmuls_not_the_decode_kernels():
+    """A compiled step of many query rows (a prompt chunk: 32 tokens, 2 query heads a KV head)
+    reads an INT8 stretch by a matmul over the codes, as a float stretch, not through
+    scores8 / mix8 or a reduction that widens every code once per row (a 4k prompt of
+    `quantized` took 33 s that way): no attention kernel in its graph, eager's output."""
+    import kernels
+    import model as M
+    from quantize.kv import pack
+    assert kernels.available()
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 4, 32, 64, generator=g).bfloat16()
+    n = kernels.ATTEND_SLOTS
+    kv = torch.randn(1, 2, n, 64, generator=g).bfloat16()
+    c = torch.randint(-127, 128, (1, 2, n + 30, 64), generator=g, dtype=torch.int8)
+    scale = torch.rand(1, 2, n + 30, 1, generator=g) / 50
+    segs = [M.KVSegment(kv, kv), M.KVSegment(pack(c), pack(c), scale, scale)]
+    mask = torch.rand(1, 1, 32, 2 * n + 30, generator=g) > 0.2
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes])
+        return gm.forward
+
+    def attend(q, segs, mask):
+        return M.attend(M.KVView(q, segs, mask))
+    torch._dynamo.reset()
+    got, _ = torch.compile(attend, fullgraph=True, backend=recording)(q, segs, mask)
+    want, _ = attend(q, segs, mask)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert not [t for t in graphs[-1] if t.startswith(("regionkv.scores", "regionkv.mix"))]
+    torch._dynamo.reset()
+
+
 def test_a_cpu_without_bfloat16_matmuls_reads_values_in_float32(monkeypatch):
     """On an AVX2-only CPU (no oneDNN bfloat16) a bfloat16 matmul takes ATen's fallback, 20-35x
     slower than float32 at attention's shapes: the explicit softmax reads V in float32 there,
