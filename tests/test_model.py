@@ -388,6 +388,16 @@ def test_every_attention_kernel_reads_strided_stretches_exactly(dtype):
         kernels.mix(p[0], v)
 
 
+def graph_recorder():
+    """A dynamo backend that records each graph's node targets (as strings) and runs it eagerly."""
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes])
+        return gm.forward
+    return graphs, recording
+
+
 @pytest.mark.parametrize("on", [True, False])
 def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
     """A compiled few-row CPU step reads each float stretch of ATTEND_SLOTS slots or more
@@ -409,11 +419,7 @@ def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
             M.KVSegment(pack(c), pack(c), scale, scale),
             M.KVSegment(kv[0][:, :, :40], kv[0][:, :, :40])]
     mask = torch.rand(1, 1, 1, 3 * n + 170, generator=g) > 0.2
-    graphs = []
-
-    def recording(gm, example_inputs):
-        graphs.append([str(n.target) for n in gm.graph.nodes])
-        return gm.forward
+    graphs, recording = graph_recorder()
 
     def attend(q, segs, mask):
         return M.attend(M.KVView(q, segs, mask), need_probs=True)
@@ -446,11 +452,7 @@ def test_a_compiled_prompt_chunk_reads_int8_by_matmuls_not_the_decode_kernels():
     scale = torch.rand(1, 2, n + 30, 1, generator=g) / 50
     segs = [M.KVSegment(kv, kv), M.KVSegment(pack(c), pack(c), scale, scale)]
     mask = torch.rand(1, 1, 32, 2 * n + 30, generator=g) > 0.2
-    graphs = []
-
-    def recording(gm, example_inputs):
-        graphs.append([str(n.target) for n in gm.graph.nodes])
-        return gm.forward
+    graphs, recording = graph_recorder()
 
     def attend(q, segs, mask):
         return M.attend(M.KVView(q, segs, mask))
