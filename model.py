@@ -181,7 +181,7 @@ CPU_BF16_MATMUL = torch.backends.mkldnn.is_available() and \
 def reduces(q: Tensor, int8: bool) -> bool:
     """Whether attention reads a stretch as a reduction (compiled only): few-row steps, on any
     device for int8 (no float32 copy of the codes), on the CPU otherwise. A prompt chunk's
-    many rows take matmuls, for int8 over a float32 copy of the codes: one copy a chunk, where
+    many rows take matmuls, for int8 over a copy of the codes as floats: one copy a chunk, where
     a reduction (or the decode kernels) would read and widen every code once per row, 384 of
     them in a 128-token chunk (a 4k prompt of `quantized`: 33 s, PERFORMANCE 6zg)."""
     return torch.compiler.is_compiling() and q.shape[-2] <= REDUCE_ROWS and (
