@@ -209,16 +209,20 @@ class KVSegment(NamedTuple):
         if self.k_scale is not None:  # INT8 words: the codes as [4, D/4], and so the query
             if reduces(q, True) and kernels.serve_attention(self.k):  # the scale as it is read
                 return kernels.scores8(q, self.k, self.k_scale)
-            qf = q.float()
-            if q.dtype != torch.float32 and self.k.dtype == torch.float32 and reduces(q, False):
-                # From a bfloat16 query Inductor vectorizes the keys' loop 16 lanes wide, and
-                # views float words (AVX2) as int32 there one lane at a time, through the stack;
-                # a stored float32 query keeps the loop 8 float lanes wide (PERFORMANCE 6v).
-                # Over int32 words (AVX-512) the copy's 30 calls a step cost 3% (6zd).
-                qf = stored(qf)
-            qw, kw = qf.unflatten(-1, (4, -1)), codes(self.k)  # [.., M|S, 4, D/4]
-            if reduces(q, True):  # the scale inside the sum: its result is the scores' own
-                # slice of the cat below, not a buffer of its own scaled into it
+            kw = codes(self.k)  # [.., S, 4, D/4]
+            if reduces(q, True):
+                qf = q.float()
+                if q.dtype != torch.float32 and self.k.dtype == torch.float32 and \
+                        reduces(q, False):
+                    # From a bfloat16 query Inductor vectorizes the keys' loop 16 lanes wide,
+                    # and views float words (AVX2) as int32 there one lane at a time, through
+                    # the stack; a stored float32 query keeps the loop 8 float lanes wide
+                    # (PERFORMANCE 6v). Over int32 words (AVX-512) the copy's 30 calls a step
+                    # cost 3% (6zd).
+                    qf = stored(qf)
+                qw = qf.unflatten(-1, (4, -1))  # [.., M, 4, D/4]
+                # The scale inside the sum: its result is the scores' own slice of the cat
+                # below, not a buffer of its own scaled into it.
                 kw = kw * self.k_scale.unsqueeze(-1)
                 return (qw.unsqueeze(-3) * kw.unsqueeze(-4)).sum((-1, -2))
             # The codes in the model dtype hold them exactly (|code| <= 127): with the query
