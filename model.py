@@ -20,7 +20,7 @@ from torch import Tensor
 
 import kernels
 from quantize.dense import exact_matmul, stored
-from quantize.kv import codes
+from quantize.kv import codes, widen
 
 
 def _positive(**kw):
@@ -237,6 +237,13 @@ class KVSegment(NamedTuple):
             return (q.float().unsqueeze(-2) * self.k.unsqueeze(-3).float()).sum(-1)
         return exact_matmul(q, self.k.transpose(-1, -2))
 
+    def widened(self, dtype: torch.dtype) -> "KVSegment":
+        """The stretch in the model dtype: INT8 codes times their scales, rounded once (what a
+        cache in that dtype would hold)."""
+        def side(x, scale):
+            return x if scale is None else widen(x, scale, dtype)
+        return KVSegment(side(self.k, self.k_scale), side(self.v, self.v_scale))
+
     def mix(self, probs: Tensor) -> Tensor:
         """probs [B, Hkv, M, S] (float32) -> probs @ V [B, Hkv, M, D] in float32."""
         if self.v_scale is not None:  # p.(s v) = (p s).v, over the codes as [4, D/4]
@@ -308,6 +315,15 @@ def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Ten
     # GQA without repeating K/V: fold each KV group's query heads into the query axis.
     qg = q.reshape(B, Hkv, G * T, D)
     mask = mask.unsqueeze(2).expand(-1, -1, G, -1, -1).flatten(2, 3)
+    if not need_probs and not reduces(qg, True) and \
+            any(seg.k_scale is not None or seg.v_scale is not None for seg in segments):
+        # A prompt chunk over INT8 stretches, no probabilities wanted: one copy of the slots in
+        # the model dtype a chunk, then the fused kernel, as for a float cache. Read by
+        # matmuls with the probabilities materialized, a 4k prompt of `quantized` took 7x
+        # `full`'s time (PERFORMANCE 6zh).
+        wide = [seg.widened(q.dtype) for seg in segments]
+        segments = [KVSegment(torch.cat([w.k for w in wide], dim=2),
+                              torch.cat([w.v for w in wide], dim=2))]
     if len(segments) == 1 and segments[0].k_scale is None and not need_probs and \
             not reduces(qg, False):
         k, v = segments[0].k, segments[0].v

@@ -81,7 +81,16 @@ def split_words(rows: Tensor) -> tuple[Tensor, Tensor]:
     return rows[..., :-1], rows[..., -1:].view(torch.float32)
 
 
+def widen(words: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """words [..., D/4] and their scales [..., 1] -> the values [..., D] in dtype: each byte
+    plane by constant shifts, scaled, side by side. Inductor vectorizes that and writes each
+    plane straight to its place, where `codes`' shift by a computed amount leaves the loop
+    scalar (a copy of a 4k middle's K: 0.75 -> 0.08 ms, docs/PERFORMANCE.md section 6zh)."""
+    w = words.view(torch.int32)
+    planes = [(w << s) >> 24 for s in (24, 16, 8)] + [w >> 24]
+    return torch.cat([(p.float() * scale).to(dtype) for p in planes], dim=-1)
+
+
 def dequantize_words(rows: Tensor) -> Tensor:
     """rows [..., D/4 + 1] -> float32 [..., D]."""
-    words, scale = split_words(rows)
-    return codes(words).flatten(-2) * scale
+    return widen(*split_words(rows))

@@ -265,7 +265,7 @@ def test_int8_codes_pack_a_quarter_of_the_row_into_each_byte_of_a_word(word, mon
     # int32 ones, as the CPU's vectors load best (quantize/kv.py): compiled (as the step packs,
     # selects and unpacks them), every bit the same.
     import quantize.kv as kv
-    from quantize.kv import codes, pack, quantize_int8, quantize_words
+    from quantize.kv import codes, pack, quantize_int8, quantize_words, widen
     monkeypatch.setattr(kv, "WORD", word)
     c = torch.arange(-128, 128, dtype=torch.int8)[torch.randperm(256)].view(4, 64)
     # and a row of signalling NaNs, 0x7f800001: bytes 3, 2, 1, 0 = 127, -128, 0, 1
@@ -285,6 +285,12 @@ def test_int8_codes_pack_a_quarter_of_the_row_into_each_byte_of_a_word(word, mon
     assert torch.equal(got_words.view(torch.int32),
                        torch.where(keep, words, words.flip(-1)).view(torch.int32))
     assert torch.equal(got_codes, codes(words))
+    # widen: the codes in the row's order, times their scales, in any dtype, eager or compiled
+    scale = torch.rand(5, 1) + 0.5
+    for dt in (torch.float32, torch.bfloat16):
+        want = (c.float() * scale).to(dt)
+        for f in (widen, torch.compile(widen, fullgraph=True)):
+            assert torch.equal(f(words, scale, dt), want)
     # A row of a cache: the words, then the scale's bits, compiled as one pointwise write
     x = torch.randn(3, 64) * torch.tensor([[1.0], [1e-3], [300.0]])
     q, scale = quantize_int8(x)
@@ -435,11 +441,14 @@ def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
     torch._dynamo.reset()
 
 
-def test_a_compiled_prompt_chunk_reads_int8_by_matmuls_not_the_decode_kernels():
+@pytest.mark.parametrize("need_probs", [False, True])
+def test_a_compiled_prompt_chunk_reads_int8_by_a_widened_copy_or_matmuls(need_probs):
     """A compiled step of many query rows (a prompt chunk: 32 tokens, 2 query heads a KV head)
-    reads an INT8 stretch by a matmul over the codes, as a float stretch, not through
-    scores8 / mix8 or a reduction that widens every code once per row (a 4k prompt of
-    `quantized` took 33 s that way): no attention kernel in its graph, eager's output."""
+    never reads an INT8 stretch through scores8 / mix8 or a reduction that widens every code
+    once per row (a 4k prompt of `quantized` took 33 s that way). Without probabilities the
+    stretches are widened to the model dtype once and go through fused SDPA; with them, a
+    matmul over the codes. Either way: the values of attention over the dequantized slots
+    (computed here in float32), and eager's."""
     import kernels
     import model as M
     from quantize.kv import pack
@@ -455,12 +464,21 @@ def test_a_compiled_prompt_chunk_reads_int8_by_matmuls_not_the_decode_kernels():
     graphs, recording = graph_recorder()
 
     def attend(q, segs, mask):
-        return M.attend(M.KVView(q, segs, mask))
+        return M.attend(M.KVView(q, segs, mask), need_probs=need_probs)
     torch._dynamo.reset()
-    got, _ = torch.compile(attend, fullgraph=True, backend=recording)(q, segs, mask)
+    got, probs = torch.compile(attend, fullgraph=True, backend=recording)(q, segs, mask)
     want, _ = attend(q, segs, mask)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
-    assert not [t for t in graphs[-1] if t.startswith(("regionkv.scores", "regionkv.mix"))]
+    assert (probs is not None) == need_probs
+    ops = graphs[-1]
+    assert not [t for t in ops if t.startswith(("regionkv.scores", "regionkv.mix"))]
+    assert any("scaled_dot_product" in t for t in ops) != need_probs, ops
+    # The reference: every slot dequantized in float32, attention by its definition.
+    k = torch.cat([kv.float(), c.float() * scale], dim=2)
+    s = (q.float().view(1, 2, 2 * 32, 64) @ k.transpose(-1, -2)) / 8
+    p = torch.softmax(s.masked_fill(~mask.repeat(1, 1, 2, 1), float("-inf")), dim=-1)
+    ref = (p @ k).view(1, 4, 32, 64)
+    torch.testing.assert_close(got.float(), ref, rtol=3e-2, atol=3e-2)
     torch._dynamo.reset()
 
 
