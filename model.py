@@ -541,11 +541,10 @@ class Transformer(nn.Module):
         # Each piece's chunks, as (start, end) over the T rows.
         spans = [[(c, min(c + chunk, T)) for c in range(s, min(s + piece, T), chunk)]
                  for s in range(0, T, piece)]
-        bounds = {}  # each chunk's first and last position per row, for `scheduled` caches
-        if any(c.scheduled for c in caches):
-            pos = input_pos.tolist()  # one host read
-            bounds = {(s, e): ([p[s] for p in pos], [p[e - 1] for p in pos])
-                      for piece_spans in spans for s, e in piece_spans}
+        # Each chunk's first and last position per row, for the caches' host hooks.
+        pos = input_pos.tolist()  # one host read
+        bounds = {(s, e): ([p[s] for p in pos], [p[e - 1] for p in pos])
+                  for piece_spans in spans for s, e in piece_spans}
 
         x = {}  # a piece's activations, as the last layer to read it left them
         last = []  # the last layer's, piece by piece
@@ -601,8 +600,10 @@ class Transformer(nn.Module):
         if stack:  # one compiled step for a stack of any height (RegionCache.stacked)
             for t in (pos, q, k, v):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
+        first, last = (sum((bounds[r][j] for r, _, _ in rows), []) for j in range(2))
         if cache.scheduled:
-            cache.before_step(*(sum((bounds[r][j] for r, _, _ in rows), []) for j in range(2)))
+            cache.before_step(first, last)
+        cache.before_chunk(last)
         # An eager commit leaves its token steps on its list, a traced chunk with no list
         # (caches/base.py); both settle here.
         left = cache.waiting = []
@@ -612,6 +613,7 @@ class Transformer(nn.Module):
                 cache.settle([cache], pos)
         finally:
             cache.waiting = None
+            cache.after_chunk()
             if cache.scheduled:
                 cache.after_step()
         return y

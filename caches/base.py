@@ -116,6 +116,13 @@ class KVCache(nn.Module):
         """Host side, after the step: back to doing every position's work, which is what a
         graph compiled around the whole step (it never calls the host hooks) must do."""
 
+    def before_chunk(self, last: list) -> None:
+        """Host side, before a prompt chunk that Transformer.read_by_layer hands this cache (or
+        a stack of caches), whose rows end at positions `last`."""
+
+    def after_chunk(self) -> None:
+        """Host side, after that chunk and the token steps it left."""
+
     def warmup_positions(self) -> tuple:
         """Positions, beyond 0 and 1, at which a step first takes another variant of the
         compiled step (a warm-up steps through them so that no compile lands in a timing)."""

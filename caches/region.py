@@ -280,25 +280,58 @@ class RegionCache(KVCache):
             new = (self.of_key(k.to(self.k.dtype).float()).expand(B, H, T)
                    if name == self.key_stat else 0.0)
             put_slots(getattr(self, name), per_head, new)
-        mask = (self.pos.unsqueeze(-2) >= 0) & (self.pos.unsqueeze(-2) <= input_pos.view(B, 1, T, 1))
-        return self.trim(self.view(input_pos, q, per_head, mask))
+        used = self.live_slots(q)
+        pos = self.pos if used is None else self.pos.narrow(2, 0, self.n_fast + used)
+        mask = (pos.unsqueeze(-2) >= 0) & (pos.unsqueeze(-2) <= input_pos.view(B, 1, T, 1))
+        return self.trim(self.view(input_pos, q, per_head, mask), used)
 
-    def trim(self, view: KVView) -> KVView:
-        """An eager prompt chunk of a cache whose middle spans the stream (quantized) attends
-        over the middle slots that can hold a token yet, not the whole static buffer: middle
-        slots fill lowest first, so no more of them than the tokens that ever left the window
-        are in use. The slots cut are empty (masked), so attention is unchanged."""
-        q, segments, mask = view
-        if not self.keeps_every_token or q.shape[-2] == 1 or torch.compiler.is_compiling():
+    def in_use(self, last: int) -> int:
+        """Middle slots that can hold a token once the stream holds position `last`, for a cache
+        whose middle spans the stream (quantized): middle slots fill lowest first, so no more
+        of them than the tokens that ever left the window."""
+        return min(self.n_mid, max(0, last + 1 - self.sink - self.window))
+
+    def before_chunk(self, last: list) -> None:
+        # The slots in use as a tensor's length (`live`), which a compiled chunk reads as a
+        # size it does not guard on (unbacked): one graph for every length, the middle's whole
+        # included (a size the graph guarded would compile again there, and at 0 and 1).
+        if self.keeps_every_token:
+            self.live = torch.empty(self.in_use(max(last)), dtype=torch.int8,
+                                    device=self.pos.device)
+            torch._dynamo.decorators.mark_unbacked(self.live, 0)
+
+    def after_chunk(self) -> None:
+        self.__dict__.pop("live", None)  # an attribute only while set: `alike` compares them
+
+    def live_slots(self, q: Tensor) -> Optional[int]:
+        """The middle slots a prompt chunk of a cache whose middle spans the stream (quantized)
+        attends, or None for all: those that can hold a token yet (`in_use`), not the whole
+        static buffer, as the host said before the chunk (`live`; read by layer, compiled or
+        not), else as an eager chunk reads the latest position held. The slots left out are
+        empty (masked), so attention is unchanged: a 4k prompt attends over half the slots,
+        on average."""
+        if not self.keeps_every_token or q.shape[-2] == 1:
+            return None
+        live = self.__dict__.get("live")
+        if live is not None:
+            return live.shape[0]
+        if torch.compiler.is_compiling():
+            return None
+        return self.in_use(int(self.pos.max()))  # a host read, once a layer
+
+    def trim(self, view: KVView, used: Optional[int]) -> KVView:
+        """The view's slots cut to the fast ones and `used` middle ones (its mask is cut
+        already: made from the positions of those slots, not sliced). By `narrow`, not a slice:
+        a compiled chunk would branch on whether a slice spans the whole buffer (a graph for
+        the chunks that find the middle full)."""
+        if used is None:
             return view
-        last = int(self.pos.max())  # the latest position held (a host read, once a layer)
-        used = min(self.n_mid, max(0, last + 1 - self.sink - self.window))
-        n = self.n_fast + used
+        q, segments, mask = view
         if self.middle_int8:
-            mid = KVSegment(*(None if x is None else x[:, :, :used] for x in segments[1]))
-            return KVView(q, [segments[0], mid], mask[..., :n])
-        return KVView(q, [KVSegment(segments[0].k[:, :, :n], segments[0].v[:, :, :n])],
-                      mask[..., :n])
+            mid = KVSegment(*(None if x is None else x.narrow(2, 0, used) for x in segments[1]))
+            return KVView(q, [segments[0], mid], mask)
+        n = self.n_fast + used
+        return KVView(q, [KVSegment(*(x.narrow(2, 0, n) for x in segments[0][:2]))], mask)
 
     def view(self, input_pos: Tensor, q: Tensor, per_head: Tensor, mask: Tensor) -> KVView:
         """What the step attends over: every slot, its keys rotated as the positions say."""

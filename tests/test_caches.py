@@ -194,26 +194,76 @@ def test_quantized_prompt_chunks_attend_only_over_slots_in_use(monkeypatch, posi
                                  positions=positions)
     widths, trim = [], RegionCache.trim
 
-    def spy(self, view):
-        out = trim(self, view)
-        widths.append((view.mask.shape[-1], out.mask.shape[-1]))
+    def spy(self, view, used):
+        out = trim(self, view, used)
+        widths.append((self.capacity, out.mask.shape[-1]))
         return out
 
     def read(trimmed):
-        monkeypatch.setattr(RegionCache, "trim", spy if trimmed else lambda self, view: view)
+        monkeypatch.setattr(RegionCache, "trim", spy)
+        if not trimmed:
+            monkeypatch.setattr(RegionCache, "live_slots", lambda self, q: None)
         caches = build_caches(model, 2, 256, factory)
         out = [model(ids[:, c:c + 8], pos[c:c + 8], caches) for c in range(0, 56, 8)]
         out += [model(ids[:, t:t + 1], pos[t:t + 1], caches) for t in range(56, 60)]
         return torch.cat(out, dim=1)
 
-    whole, trimmed = read(False), read(True)
+    trimmed = read(True)
+    chunks, steps = widths[:7 * 2], widths[7 * 2:]  # 7 chunks, 2 layers; then the tokens
+    widths.clear()
+    whole = read(False)
     assert (whole - trimmed).abs().max() < 1e-5
-    chunks = widths[:7 * 2]  # 7 chunks, 2 layers; then the single-token steps
     capacity = chunks[0][0]
     # chunk c (positions up to 8c + 7): the 16 fast slots and 8c + 8 - sink - window middle
     assert [w for _, w in chunks[::2]] == [16 + 8 * c for c in range(7)]
-    assert all(w == capacity for w, _ in chunks)
-    assert all(a == b == capacity for a, b in widths[7 * 2:])  # decode steps are not cut
+    assert all(a == b == capacity for a, b in steps)  # decode steps are not cut
+    assert all(w == capacity for _, w in widths)  # and with trimming off, nothing is
+
+
+@pytest.mark.parametrize("positions", ["original", "cache"])
+def test_a_compiled_quantized_prompt_attends_over_the_slots_in_use_in_one_graph(positions):
+    """Read layer by layer and compiled, a prompt chunk of the quantized cache attends over the
+    middle slots in use as the host counts them before the chunk (`live`, a dynamic size):
+    growing with the stream (with rank positions, up to the whole middle: a second prompt past
+    max_seq_length), one graph for every size (nothing compiles after the warm-up), and the
+    logits of eager chunks over the whole static buffer."""
+    from engine.generation import compile_prompt
+    torch._dynamo.reset()
+    model = tiny_model(n_layer=2)
+    factory = make_cache_factory("quantized", cache_size=24, chunk=8,
+                                 prompt_compression="bulk", positions=positions)
+    prompt = [(7 * i) % 250 + 1 for i in range(370 if positions == "cache" else 310)]
+    sizes, before = [], RegionCache.before_chunk
+
+    def spy(self, last):
+        before(self, last)
+        live = self.__dict__.get("live")
+        sizes.append(None if live is None else live.shape[0])
+
+    def run(compiled):
+        counter = CompileCounter()
+        s = Session(model, factory, 320)
+        if compiled:
+            s.prefill_fn, s.compiled_prefill = compile_prompt(model, backend=counter), True
+        s.warmup()
+        frames = counter.frame_count
+        sizes.clear()
+        s.append(prompt[:290])
+        first = s.logits.clone()
+        s.append(prompt[290:])
+        return torch.cat([first, s.logits]), counter.frame_count - frames, s.caches[0].n_mid
+
+    import unittest.mock
+    with unittest.mock.patch.object(RegionCache, "live_slots", lambda self, q: None):
+        whole, _, n_mid = run(False)
+    with unittest.mock.patch.object(RegionCache, "before_chunk", spy):
+        got, frames, _ = run(True)
+    assert frames == 0
+    torch.testing.assert_close(got, whole, rtol=1e-3, atol=1e-3)
+    # (a wave's layers read pieces at different depths: the sizes grow layer by layer)
+    assert min(sizes) == 0 and len(set(sizes)) > 3
+    assert max(sizes) == n_mid if positions == "cache" else n_mid - 16 < max(sizes) < n_mid
+    torch._dynamo.reset()
 
 
 def test_lagkv_scores_partitions_only_at_steps_that_complete_one(monkeypatch):
