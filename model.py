@@ -297,6 +297,11 @@ def split_attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, chunk: int) -> T
     return (w.unsqueeze(-1) * o).sum(2) / (w * l).sum(2).unsqueeze(-1)
 
 
+def fold(mask: Tensor, G: int) -> Tensor:
+    """mask [B, Hkv|1, T, S] -> [B, Hkv|1, G * T, S]: the rows of a KV head's folded queries."""
+    return mask.unsqueeze(2).expand(-1, -1, G, -1, -1).flatten(2, 3)
+
+
 def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Tensor]]:
     """Attention of view.q [B, H, T, D] over its KV segments (Hkv heads).
 
@@ -312,9 +317,9 @@ def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Ten
                                            enable_gqa=Hkv != H)
         return y, None
     G = H // Hkv
-    # GQA without repeating K/V: fold each KV group's query heads into the query axis.
+    # GQA without repeating K/V: fold each KV group's query heads into the query axis (and the
+    # mask with them, below).
     qg = q.reshape(B, Hkv, G * T, D)
-    mask = mask.unsqueeze(2).expand(-1, -1, G, -1, -1).flatten(2, 3)
     if not need_probs and not reduces(qg, True) and \
             any(seg.k_scale is not None or seg.v_scale is not None for seg in segments):
         # A prompt chunk over INT8 stretches, no probabilities wanted: one copy of the slots in
@@ -327,6 +332,7 @@ def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Ten
     if len(segments) == 1 and segments[0].k_scale is None and not need_probs and \
             not reduces(qg, False):
         k, v = segments[0].k, segments[0].v
+        mask = fold(mask, G)
         split = SPLIT_SLOTS.get(q.device.type, 0)
         if split and T == 1 and k.shape[2] > split:
             y = split_attend(qg, k, v, mask, split).to(q.dtype)
@@ -337,7 +343,7 @@ def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Ten
     # and int8 stretches are dequantized here, by their per-token scales, on the fly:
     # q.(s k) = s (q.k) and p.(s v) = (p s).v, never a dequantized copy of the cache.
     scores = torch.cat([seg.scores(qg) for seg in segments], dim=-1) / math.sqrt(D)
-    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    probs = torch.softmax(scores.masked_fill(~fold(mask, G), float("-inf")), dim=-1)
     y = sum(seg.mix(p) for seg, p in
             zip(segments, probs.split([seg.k.shape[2] for seg in segments], dim=-1)))
     y = y.to(q.dtype).view(B, H, T, D)

@@ -281,7 +281,9 @@ class RegionCache(KVCache):
                    if name == self.key_stat else 0.0)
             put_slots(getattr(self, name), per_head, new)
         used = self.live_slots(q)
-        pos = self.pos if used is None else self.pos.narrow(2, 0, self.n_fast + used)
+        # A cache that keeps every token holds the same slots in every head: one mask for all.
+        pos = self.pos[:, :1] if self.keeps_every_token else self.pos
+        pos = pos if used is None else pos.narrow(2, 0, self.n_fast + used)
         mask = (pos.unsqueeze(-2) >= 0) & (pos.unsqueeze(-2) <= input_pos.view(B, 1, T, 1))
         return self.trim(self.view(input_pos, q, per_head, mask), used)
 

@@ -184,8 +184,8 @@ def test_quantized_matches_fake_quant_reference():
 @pytest.mark.parametrize("positions", ["original", "cache"])
 def test_quantized_prompt_chunks_attend_only_over_slots_in_use(monkeypatch, positions):
     """A prompt chunk of the quantized cache (whose middle spans max_seq_length) attends over
-    the middle slots that can hold a token so far, and its logits are those of attending over
-    the whole static buffer."""
+    the middle slots that can hold a token so far, under one mask for every head, and its
+    logits are those of attending over the whole static buffer."""
     from caches.region import RegionCache
     model = tiny_model()
     ids = torch.randint(0, 256, (2, 60))
@@ -197,6 +197,7 @@ def test_quantized_prompt_chunks_attend_only_over_slots_in_use(monkeypatch, posi
     def spy(self, view, used):
         out = trim(self, view, used)
         widths.append((self.capacity, out.mask.shape[-1]))
+        assert out.mask.shape[1] == 1  # every head holds the same slots: one mask for all
         return out
 
     def read(trimmed):
