@@ -181,9 +181,10 @@ CPU_BF16_MATMUL = torch.backends.mkldnn.is_available() and \
 def reduces(q: Tensor, int8: bool) -> bool:
     """Whether attention reads a stretch as a reduction (compiled only): few-row steps, on any
     device for int8 (no float32 copy of the codes), on the CPU otherwise. A prompt chunk's
-    many rows take matmuls, for int8 over a copy of the codes as floats: one copy a chunk, where
-    a reduction (or the decode kernels) would read and widen every code once per row, 384 of
-    them in a 128-token chunk (a 4k prompt of `quantized`: 33 s, PERFORMANCE 6zg)."""
+    many rows read int8 through one copy a chunk (widened for SDPA, or the codes as floats for
+    matmuls), where a reduction (or the decode kernels) would read and widen every code once
+    per row, 384 of them in a 128-token chunk (a 4k prompt of `quantized`: 33 s, PERFORMANCE
+    6zg)."""
     return torch.compiler.is_compiling() and q.shape[-2] <= REDUCE_ROWS and (
         int8 or q.device.type == "cpu")
 
@@ -306,7 +307,8 @@ def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Ten
     """Attention of view.q [B, H, T, D] over its KV segments (Hkv heads).
 
     Returns (y [B, H, T, D], probs): probs [B, Hkv, G, T, S] (float32) when `need_probs`, else
-    None. One segment in the model dtype without probabilities goes through fused SDPA.
+    None. Without probabilities, one segment in the model dtype goes through fused SDPA, and so
+    do INT8 segments, widened to one, but in a compiled few-row step (`reduces`).
     """
     q, segments, mask = view
     B, H, T, D = q.shape
@@ -340,8 +342,8 @@ def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Ten
             y = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
         return y.view(B, H, T, D), None
     # Explicit softmax: policies that score tokens need the probabilities (SDPA hides them),
-    # and int8 stretches are dequantized here, by their per-token scales, on the fly:
-    # q.(s k) = s (q.k) and p.(s v) = (p s).v, never a dequantized copy of the cache.
+    # and a compiled few-row step's int8 stretches are dequantized here, by their per-token
+    # scales, on the fly: q.(s k) = s (q.k) and p.(s v) = (p s).v, never a dequantized copy.
     scores = torch.cat([seg.scores(qg) for seg in segments], dim=-1) / math.sqrt(D)
     probs = torch.softmax(scores.masked_fill(~fold(mask, G), float("-inf")), dim=-1)
     y = sum(seg.mix(p) for seg, p in
