@@ -101,7 +101,14 @@ def prefill_whole(model, caches, tokens: Tensor) -> Tensor:
     for p, c in zip(passes, caches):
         p.shard = c.shard
     pos = torch.arange(T, device=tokens.device)
-    logits = model(tokens, pos, passes, out_idx=torch.tensor([T - 1], device=tokens.device))
+    last = torch.tensor([T - 1], device=tokens.device)
+    if model.piece_steps:
+        # Compiled prompts: each layer's linears and MLP through the compiled pieces (any
+        # number of rows), its attention as eager chunks take it (causal over the prompt).
+        logits = model.read_by_layer(tokens, pos, passes, T, last, piece=T,
+                                     parts=model.piece_steps)
+    else:
+        logits = model(tokens, pos, passes, out_idx=last)
     for p, c in zip(passes, caches):
         if p is c:
             continue

@@ -150,6 +150,33 @@ def test_compiled_decode_after_a_one_shot_prompt_matches_eager():
     assert gen.generate(PROMPT, 40).new_ids[0] == expected
 
 
+@pytest.mark.parametrize("name", ["h2o", "quantized"])
+def test_a_one_shot_prompt_with_compiled_prompts_reads_through_the_compiled_pieces(name):
+    """With compiled prompts a one-shot prompt's layers take their linears and MLP through the
+    compiled pieces (any number of rows, no compile after the warm-up), its attention eager:
+    the logits and the caches eager's, up to the GEMMs' rounding."""
+    from torch._dynamo.testing import CompileCounter
+    from engine.generation import compile_prompt
+    torch._dynamo.reset()
+    model = tiny_model()
+    factory = make_cache_factory(name, cache_size=32, chunk=8, prompt_compression="snapkv")
+    eager = Session(model, make_cache=factory, max_seq_length=256)
+    eager.append(PROMPT)
+    s = Session(model, make_cache=factory, max_seq_length=256)
+    counter = CompileCounter()
+    s.prefill_fn, s.compiled_prefill = compile_prompt(model, backend=counter), True
+    s.warmup()
+    frames, calls, pieces = counter.frame_count, [], model.piece_steps
+    model.piece_steps = tuple((lambda f: lambda *a: calls.append(1) or f(*a))(f) for f in pieces)
+    s.append(PROMPT)
+    assert counter.frame_count == frames and len(calls) == 2 * model.args.n_layer
+    torch.testing.assert_close(s.logits, eager.logits, rtol=1e-4, atol=1e-4)
+    for a, b in zip(s.caches, eager.caches):
+        for key, x in a.state().items():
+            torch.testing.assert_close(x.float(), b.state()[key].float(), rtol=1e-3, atol=1e-3)
+    torch._dynamo.reset()
+
+
 def test_the_observation_window_is_a_setting_of_snapkv():
     one = session("h2o", 150, prompt_compression="snapkv", observation_window=1)
     wide = session("h2o", 150, prompt_compression="snapkv", observation_window=64)
