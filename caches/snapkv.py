@@ -88,9 +88,11 @@ def compresses_whole(caches, start: Tensor, n_tokens: int) -> bool:
 
 
 @torch.inference_mode()
-def prefill_whole(model, caches, tokens: Tensor) -> Tensor:
+def prefill_whole(model, caches, tokens: Tensor, compiled: bool = False) -> Tensor:
     """tokens [B, T] from position 0 -> the logits [B, V] after the last: read whole, then each
-    one-shot layer keeps its survivors (the other layers read the prompt as they always do)."""
+    one-shot layer keeps its survivors (the other layers read the prompt as they always do).
+    compiled: the caller's prompts are compiled (read_prompt's word), so the model's compiled
+    pieces serve the layers' linears and MLP."""
     B, T = tokens.shape
     a = model.args
     rope = model.rope(T)
@@ -102,7 +104,7 @@ def prefill_whole(model, caches, tokens: Tensor) -> Tensor:
         p.shard = c.shard
     pos = torch.arange(T, device=tokens.device)
     last = torch.tensor([T - 1], device=tokens.device)
-    if model.piece_steps:
+    if compiled and model.piece_steps:
         # Compiled prompts: each layer's linears and MLP through the compiled pieces (any
         # number of rows), its attention as eager chunks take it (causal over the prompt).
         logits = model.read_by_layer(tokens, pos, passes, T, last, piece=T,

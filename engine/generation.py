@@ -289,7 +289,7 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
     B, T = tokens.shape
     chunk = prefill_chunk(caches)
     if compresses_whole(caches, start, T):  # one-shot prompt compression
-        return prefill_whole(model, caches, tokens)
+        return prefill_whole(model, caches, tokens, compiled)
     if chunk is None:
         # the caller checked the room: the bucket never falls below T
         T_in = T

@@ -154,9 +154,10 @@ def test_compiled_decode_after_a_one_shot_prompt_matches_eager():
 def test_a_one_shot_prompt_with_compiled_prompts_reads_through_the_compiled_pieces(name):
     """With compiled prompts a one-shot prompt's layers take their linears and MLP through the
     compiled pieces (any number of rows, no compile after the warm-up), its attention eager:
-    the logits and the caches eager's, up to the GEMMs' rounding."""
+    the logits and the caches eager's, up to the GEMMs' rounding. A session whose prompts are
+    not compiled leaves the pieces alone."""
     from torch._dynamo.testing import CompileCounter
-    from engine.generation import compile_prompt
+    from engine.generation import compile_prompt, read_prompt
     torch._dynamo.reset()
     model = tiny_model()
     factory = make_cache_factory(name, cache_size=32, chunk=8, prompt_compression="snapkv")
@@ -174,6 +175,9 @@ def test_a_one_shot_prompt_with_compiled_prompts_reads_through_the_compiled_piec
     for a, b in zip(s.caches, eager.caches):
         for key, x in a.state().items():
             torch.testing.assert_close(x.float(), b.state()[key].float(), rtol=1e-3, atol=1e-3)
+    s.reset()  # a prompt read uncompiled on the same model leaves its compiled pieces alone
+    read_prompt(model, s.caches, torch.tensor([PROMPT]), torch.zeros(1, 1, dtype=torch.long), 256)
+    assert len(calls) == 2 * model.args.n_layer
     torch._dynamo.reset()
 
 
