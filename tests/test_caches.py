@@ -224,7 +224,7 @@ def test_quantized_prompt_chunks_attend_only_over_slots_in_use(monkeypatch, posi
 @pytest.mark.parametrize("positions", ["original", "cache"])
 def test_a_compiled_quantized_prompt_attends_over_the_slots_in_use_in_one_graph(positions):
     """Read layer by layer and compiled, a prompt chunk of the quantized cache attends over the
-    middle slots in use as the host counts them before the chunk (`live`, a dynamic size):
+    middle slots in use as the host counts them before the chunk (`live`, an unbacked size):
     growing with the stream (with rank positions, up to the whole middle: a second prompt past
     max_seq_length), one graph for every size (nothing compiles after the warm-up), and the
     logits of eager chunks over the whole static buffer."""
