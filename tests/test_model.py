@@ -394,14 +394,22 @@ def test_every_attention_kernel_reads_strided_stretches_exactly(dtype):
         kernels.mix(p[0], v)
 
 
-def graph_recorder():
-    """A dynamo backend that records each graph's node targets (as strings) and runs it eagerly."""
+def attend_compiled_and_eager(q, segs, mask, need_probs: bool):
+    """model.attend over (q, segs, mask) compiled whole, its graph recorded and run eagerly,
+    and plain eager -> ((y, probs) compiled, (y, probs) eager, the graph's node targets as
+    strings). Dynamo's caches are reset before the trace."""
+    import model as M
     graphs = []
 
     def recording(gm, example_inputs):
         graphs.append([str(n.target) for n in gm.graph.nodes])
         return gm.forward
-    return graphs, recording
+
+    def attend(q, segs, mask):
+        return M.attend(M.KVView(q, segs, mask), need_probs=need_probs)
+    torch._dynamo.reset()
+    got = torch.compile(attend, fullgraph=True, backend=recording)(q, segs, mask)
+    return got, attend(q, segs, mask), graphs[-1]
 
 
 @pytest.mark.parametrize("on", [True, False])
@@ -425,19 +433,13 @@ def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
             M.KVSegment(pack(c), pack(c), scale, scale),
             M.KVSegment(kv[0][:, :, :40], kv[0][:, :, :40])]
     mask = torch.rand(1, 1, 1, 3 * n + 170, generator=g) > 0.2
-    graphs, recording = graph_recorder()
-
-    def attend(q, segs, mask):
-        return M.attend(M.KVView(q, segs, mask), need_probs=True)
-    torch._dynamo.reset()
-    got, got_probs = torch.compile(attend, fullgraph=True, backend=recording)(q, segs, mask)
-    want, want_probs = attend(q, segs, mask)
+    (got, got_probs), (want, want_probs), ops = attend_compiled_and_eager(q, segs, mask, True)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(got_probs, want_probs, rtol=1e-4, atol=1e-5)
-    calls = [t.removeprefix("regionkv.").removesuffix(".default") for t in graphs[-1]
+    calls = [t.removeprefix("regionkv.").removesuffix(".default") for t in ops
              if t.startswith(("regionkv.scores", "regionkv.mix"))]
     assert sorted(calls) == (["mix", "mix", "mix8", "scores", "scores", "scores8"] if on else []), \
-        graphs[-1]
+        ops
     torch._dynamo.reset()
 
 
@@ -461,16 +463,9 @@ def test_a_compiled_prompt_chunk_reads_int8_by_a_widened_copy_or_matmuls(need_pr
     scale = torch.rand(1, 2, n + 30, 1, generator=g) / 50
     segs = [M.KVSegment(kv, kv), M.KVSegment(pack(c), pack(c), scale, scale)]
     mask = torch.rand(1, 1, 32, 2 * n + 30, generator=g) > 0.2
-    graphs, recording = graph_recorder()
-
-    def attend(q, segs, mask):
-        return M.attend(M.KVView(q, segs, mask), need_probs=need_probs)
-    torch._dynamo.reset()
-    got, probs = torch.compile(attend, fullgraph=True, backend=recording)(q, segs, mask)
-    want, _ = attend(q, segs, mask)
+    (got, probs), (want, _), ops = attend_compiled_and_eager(q, segs, mask, need_probs)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
     assert (probs is not None) == need_probs
-    ops = graphs[-1]
     assert not [t for t in ops if t.startswith(("regionkv.scores", "regionkv.mix"))]
     assert any("scaled_dot_product" in t for t in ops) != need_probs, ops
     # The reference: every slot dequantized in float32, attention by its definition.
