@@ -265,7 +265,8 @@ void scores_portable(const T* q, Stretch k, float* out, int64_t M, int64_t S, in
   }
 }
 
-// AVX2: the query widened to float32 once (qf [M, D]); each key row widened 8 at a time.
+// AVX2: the query widened to float32 once (qf [M, D]); each key row widened 8 at a time, once for
+// up to three query rows.
 __attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) {
   return _mm256_loadu_ps(p);
 }
@@ -274,22 +275,68 @@ __attribute__((target("avx2,fma"))) inline __m256 load8(const bf16* p) {
       _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
 }
 
+// Four slots' sums of one row, one lane each: [sum a, sum b, sum c, sum d].
+__attribute__((target("avx2,fma"))) inline __m128 hsum4(__m256 a, __m256 b, __m256 c,
+                                                        __m256 d) {
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+// R query rows over four slots at a time: each key vector widened once for the R rows, the
+// 4 x R sums in registers (R <= 3: 12 of AVX2's 16), reduced four slots to a store.
+template <class T, int R>
+__attribute__((target("avx2,fma"))) inline __attribute__((always_inline))
+void scores_rows_avx2(const float* qf, Stretch k, float* out, int64_t S, int64_t D,
+                      int64_t s0, int64_t s1) {
+  const int64_t D8 = D / 8 * 8, A = ahead_rows(D, sizeof(T));
+  const T* base = static_cast<const T*>(k.p);
+  int64_t s = s0;
+  for (; s + 4 <= s1; s += 4) {
+    const T* ks[4];
+    for (int j = 0; j < 4; ++j) {
+      ks[j] = base + (s + j) * k.ss;
+      prefetch_row(ks[j] + A * k.ss, D * sizeof(T));
+    }
+    __m256 acc[R][4];
+    for (auto& a : acc) for (auto& v : a) v = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D8; d += 8)
+      for (int j = 0; j < 4; ++j) {
+        const __m256 kv = load8(ks[j] + d);
+        for (int r = 0; r < R; ++r)
+          acc[r][j] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(qf + r * D + d), acc[r][j]);
+      }
+    for (int r = 0; r < R; ++r) {
+      alignas(16) float v[4];
+      _mm_store_ps(v, hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+      for (int j = 0; j < 4; ++j) {
+        for (int64_t d = D8; d < D; ++d) v[j] += qf[r * D + d] * widen(ks[j][d]);
+        out[r * S + s + j] = v[j];
+      }
+    }
+  }
+  for (; s < s1; ++s) {  // the last slots of the range, one at a time
+    const T* ks = base + s * k.ss;
+    for (int r = 0; r < R; ++r) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D8; d += 8)
+        acc = _mm256_fmadd_ps(load8(ks + d), _mm256_loadu_ps(qf + r * D + d), acc);
+      float v = hsum(acc);
+      for (int64_t d = D8; d < D; ++d) v += qf[r * D + d] * widen(ks[d]);
+      out[r * S + s] = v;
+    }
+  }
+}
+
 template <class T>
 __attribute__((target("avx2,fma")))
 void scores_avx2(const float* qf, Stretch k, float* out, int64_t M, int64_t S, int64_t D,
                  int64_t s0, int64_t s1) {
-  const int64_t D8 = D / 8 * 8, A = ahead_rows(D, sizeof(T));
-  for (int64_t s = s0; s < s1; ++s) {
-    const T* ks = static_cast<const T*>(k.p) + s * k.ss;
-    prefetch_row(ks + A * k.ss, D * sizeof(T));
-    for (int64_t m = 0; m < M; ++m) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t d = 0; d < D8; d += 8)
-        acc = _mm256_fmadd_ps(load8(ks + d), _mm256_loadu_ps(qf + m * D + d), acc);
-      float r = hsum(acc);
-      for (int64_t d = D8; d < D; ++d) r += qf[m * D + d] * widen(ks[d]);
-      out[m * S + s] = r;
-    }
+  for (int64_t m = 0; m < M; m += 3) {  // three rows a pass, then the rest
+    const float* q = qf + m * D;
+    float* o = out + m * S;
+    if (M - m >= 3) scores_rows_avx2<T, 3>(q, k, o, S, D, s0, s1);
+    else if (M - m == 2) scores_rows_avx2<T, 2>(q, k, o, S, D, s0, s1);
+    else scores_rows_avx2<T, 1>(q, k, o, S, D, s0, s1);
   }
 }
 
@@ -356,58 +403,63 @@ template <class F> REGIONKV_INLINE F load(const bf16* p) {  // bfloat16: float32
   F v; __builtin_memcpy(&v, &w, sizeof v); return v;
 }
 
-// mix for a head size of D = L * V (L lanes): R rows' sums held in registers across the slots,
-// each value row widened once for them.
-template <class T, class F, int R, int V>
-REGIONKV_INLINE void mix_rows(const float* p, Stretch v, float* acc, int64_t S, int64_t s0,
-                              int64_t s1) {
-  constexpr int L = Lanes<F>::n, D = L * V;
+// mix for a head size of D = L * V (L lanes), P vectors of the row a pass (the stretch v starts
+// at the pass's first column): R rows' sums held in registers across the slots, each value
+// vector widened once for them.
+template <class T, class F, int R, int P>
+REGIONKV_INLINE void mix_rows(const float* p, Stretch v, float* acc, int64_t D, int64_t S,
+                              int64_t s0, int64_t s1) {
+  constexpr int L = Lanes<F>::n;
   const int64_t A = ahead_rows(D, sizeof(T));
-  F a[R][V] = {};
+  F a[R][P] = {};
   for (int64_t s = s0; s < s1; ++s) {
     const T* vs = static_cast<const T*>(v.p) + s * v.ss;
-    prefetch_row(vs + A * v.ss, D * sizeof(T));
-    F vv[V];
-    for (int j = 0; j < V; ++j) vv[j] = load<F>(vs + L * j);
-    for (int r = 0; r < R; ++r) {
-      const float w = p[r * S + s];
-      for (int j = 0; j < V; ++j) a[r][j] += w * vv[j];
+    prefetch_row(vs + A * v.ss, L * P * sizeof(T));
+    float w[R];
+    for (int r = 0; r < R; ++r) w[r] = p[r * S + s];
+    for (int j = 0; j < P; ++j) {
+      const F vv = load<F>(vs + L * j);
+      for (int r = 0; r < R; ++r) a[r][j] += w[r] * vv;
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < V; ++j) __builtin_memcpy(acc + r * L * V + L * j, &a[r][j], sizeof(F));
+    for (int j = 0; j < P; ++j) __builtin_memcpy(acc + r * D + L * j, &a[r][j], sizeof(F));
 }
 
-template <class T, class F, int V, int R>
+template <class T, class F, int V, int R, int P>
 REGIONKV_INLINE void mix_fixed(const float* p, Stretch v, float* acc, int64_t M, int64_t S,
                                int64_t s0, int64_t s1) {
-  constexpr int L = Lanes<F>::n;
-  for (int64_t m = 0; m < M;) {  // R rows a pass, then the rest in one pass of fewer
-    const int64_t r = std::min<int64_t>(R, M - m);
-    const float* pm = p + m * S;
-    float* am = acc + m * L * V;
-    if (r >= 4 && R >= 4) mix_rows<T, F, (R >= 4 ? 4 : 1), V>(pm, v, am, S, s0, s1);
-    else if (r == 3 && R >= 3) mix_rows<T, F, (R >= 3 ? 3 : 1), V>(pm, v, am, S, s0, s1);
-    else if (r == 2 && R >= 2) mix_rows<T, F, (R >= 2 ? 2 : 1), V>(pm, v, am, S, s0, s1);
-    else mix_rows<T, F, 1, V>(pm, v, am, S, s0, s1);
-    m += r >= 4 && R >= 4 ? 4 : r;
+  constexpr int L = Lanes<F>::n, D = L * V;
+  for (int c = 0; c < D; c += L * P) {  // the row's columns in passes of P vectors
+    const Stretch vc{static_cast<const T*>(v.p) + c, v.ss};
+    for (int64_t m = 0; m < M;) {  // R rows a pass, then the rest in one pass of fewer
+      const int64_t r = std::min<int64_t>(R, M - m);
+      const float* pm = p + m * S;
+      float* am = acc + m * D + c;
+      if (r >= 4 && R >= 4) mix_rows<T, F, (R >= 4 ? 4 : 1), P>(pm, vc, am, D, S, s0, s1);
+      else if (r == 3 && R >= 3) mix_rows<T, F, (R >= 3 ? 3 : 1), P>(pm, vc, am, D, S, s0, s1);
+      else if (r == 2 && R >= 2) mix_rows<T, F, (R >= 2 ? 2 : 1), P>(pm, vc, am, D, S, s0, s1);
+      else mix_rows<T, F, 1, P>(pm, vc, am, D, S, s0, s1);
+      m += r >= 4 && R >= 4 ? 4 : r;
+    }
   }
 }
 
-// Head sizes 64 and 128 in registers, up to half of them accumulators (AVX2: 16 ymm, AVX-512:
-// 32 zmm); others by the portable loop.
-#define REGIONKV_MIX(NAME, TARGET, F, ROWS64, ROWS128)                                         \
+// Head sizes 64 and 128 in registers, up to three quarters of them accumulators (AVX2: 16 ymm,
+// three rows of half a 64-wide row, passes of 32 columns; AVX-512: 32 zmm, whole rows);
+// others by the portable loop.
+#define REGIONKV_MIX(NAME, TARGET, F, ROWS64, ROWS128, PASS64, PASS128)                        \
   template <class T>                                                                         \
   __attribute__((target(TARGET)))                                                            \
   void NAME(const float* p, Stretch v, float* acc, int64_t M, int64_t S, int64_t D,          \
             int64_t s0, int64_t s1) {                                                        \
     constexpr int L = Lanes<F>::n;                                                           \
-    if (D == 64) mix_fixed<T, F, 64 / L, ROWS64>(p, v, acc, M, S, s0, s1);                   \
-    else if (D == 128) mix_fixed<T, F, 128 / L, ROWS128>(p, v, acc, M, S, s0, s1);           \
+    if (D == 64) mix_fixed<T, F, 64 / L, ROWS64, PASS64>(p, v, acc, M, S, s0, s1);           \
+    else if (D == 128) mix_fixed<T, F, 128 / L, ROWS128, PASS128>(p, v, acc, M, S, s0, s1);  \
     else mix_portable<T>(p, v, acc, M, S, D, s0, s1);                                        \
   }
-REGIONKV_MIX(mix_avx2, "avx2,fma", f8, 1, 1)
-REGIONKV_MIX(mix_avx512, "avx512f,avx512bw", f16, 4, 2)
+REGIONKV_MIX(mix_avx2, "avx2,fma", f8, 3, 3, 4, 4)
+REGIONKV_MIX(mix_avx512, "avx512f,avx512bw", f16, 4, 2, 4, 8)
 
 // ---- INT8 stretches: a slot's D codes in D/4 words, code i * D/4 + j in byte i of word j --------
 // (quantize/kv.py), so the row's bytes in memory order are the codes in "byte order": byte
