@@ -20,6 +20,7 @@ keep Inductor's reductions. The ops' schemas live here, so graphs can name them 
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import warnings
@@ -89,9 +90,15 @@ def available() -> bool:
 
 def _build() -> bool:
     from torch.utils.cpp_extension import load
-    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode.cpp")
+    here = os.path.dirname(os.path.abspath(__file__))
+    source = os.path.join(here, "decode.cpp")
+    # torch's loader rebuilds when a source or a flag changes, not a header: the header's
+    # digest goes into the flags.
+    with open(os.path.join(here, "int8_attention.h"), "rb") as f:
+        header = hashlib.sha1(f.read()).hexdigest()[:16]
     try:
-        load("regionkv_decode", [source], extra_cflags=["-O3", "-fopenmp"],
+        load("regionkv_decode", [source], extra_cflags=["-O3", "-fopenmp",
+                                                        f"-DREGIONKV_HEADER={header}"],
              extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
         return True
     except Exception as e:  # no compiler or ninja: the reductions serve, slower

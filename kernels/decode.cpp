@@ -504,12 +504,16 @@ inline void scores8_portable(const float* qb, Stretch w, Stretch sc, float* out,
 #pragma GCC target("avx2,fma")
 namespace int8_avx2 {
 using F = f8;
-constexpr int L = 8, kRows64 = 1, kRows128 = 1;
+constexpr int L = 8, kRows64 = 3, kRows128 = 3, kPass64 = 4, kPass128 = 4;
+constexpr bool kFour = true;
 REGIONKV_INLINE F load_codes(const int8_t* p) {
   return (F)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 REGIONKV_INLINE float lane_sum(F v) { return hsum((__m256)v); }
+REGIONKV_INLINE __m128 sum4(F a, F b, F c, F d) {
+  return hsum4((__m256)a, (__m256)b, (__m256)c, (__m256)d);
+}
 #include "int8_attention.h"
 }  // namespace int8_avx2
 #pragma GCC pop_options
@@ -518,12 +522,16 @@ REGIONKV_INLINE float lane_sum(F v) { return hsum((__m256)v); }
 #pragma GCC target("avx512f,avx512bw")
 namespace int8_avx512 {
 using F = f16;
-constexpr int L = 16, kRows64 = 4, kRows128 = 2;
+constexpr int L = 16, kRows64 = 4, kRows128 = 2, kPass64 = 4, kPass128 = 8;
+constexpr bool kFour = false;
 REGIONKV_INLINE F load_codes(const int8_t* p) {
   return (F)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 REGIONKV_INLINE float lane_sum(F v) { return _mm512_reduce_add_ps((__m512)v); }
+REGIONKV_INLINE __m128 sum4(F a, F b, F c, F d) {
+  return _mm_setr_ps(lane_sum(a), lane_sum(b), lane_sum(c), lane_sum(d));
+}
 #include "int8_attention.h"
 }  // namespace int8_avx512
 #pragma GCC pop_options
