@@ -2,8 +2,8 @@
 // namespace that defines F (the float vector), L (its lanes), load_codes(p) (L int8 codes
 // widened to float), lane_sum(v), sum4(a, b, c, d) (four vectors' sums as one __m128), mix8's
 // rows and row bytes a pass (kRows64/128, kPass64/128) and kFour (scores8 four slots at a
-// time), under that target's `#pragma GCC target`: the loops and
-// the intrinsics they inline share one target.
+// time), under that target's `#pragma GCC target`: the loops and the intrinsics they inline
+// share one target.
 
 // scores8 over slots [s0, s1): out[m, s] = scale[s] * qb[m] . codes[s], qb float32 [M, D] in
 // byte order, D = L * V in registers.
