@@ -282,62 +282,90 @@ __attribute__((target("avx2,fma"))) inline __m128 hsum4(__m256 a, __m256 b, __m2
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
+// The keys scores_avx2 reads, by how they are stored: row(s), slot s's row; load(r, d), 8 of its
+// lanes from d widened to float32; at(r, d), one lane; scale(s), what slot s's sums are
+// multiplied by. Keys<T>: float32 or bfloat16 rows; Codes (below): INT8 codes and a scale a slot.
+template <class T>
+struct Keys {
+  static constexpr int64_t kElem = sizeof(T);
+  Stretch k;
+  const T* row(int64_t s) const { return static_cast<const T*>(k.p) + s * k.ss; }
+  __attribute__((target("avx2,fma"))) __m256 load(const T* r, int64_t d) const {
+    return load8(r + d);
+  }
+  static float at(const T* r, int64_t d) { return widen(r[d]); }
+  static float scale(int64_t) { return 1.f; }
+};
+
 // R query rows over four slots at a time: each key vector widened once for the R rows, the
-// 4 x R sums in registers (R <= 3: 12 of AVX2's 16), reduced four slots to a store.
-template <class T, int R>
+// 4 x R sums in registers (R <= 3: 12 of AVX2's 16), reduced four slots to a store. kTail: the
+// head size is not a multiple of 8, each sum finishes lane by lane (a separate loop: the branch
+// would keep GCC from holding the sums in registers past the loop).
+template <int R, bool kTail, class K>
 __attribute__((target("avx2,fma"))) inline __attribute__((always_inline))
-void scores_rows_avx2(const float* qf, Stretch k, float* out, int64_t S, int64_t D,
+void scores_rows_avx2(const float* qf, const K k, float* out, int64_t S, int64_t D,
                       int64_t s0, int64_t s1) {
-  const int64_t D8 = D / 8 * 8, A = ahead_rows(D, sizeof(T));
-  const T* base = static_cast<const T*>(k.p);
+  const int64_t D8 = D / 8 * 8, A = ahead_rows(D, K::kElem);
   int64_t s = s0;
   for (; s + 4 <= s1; s += 4) {
-    const T* ks[4];
+    decltype(k.row(s)) ks[4];
     for (int j = 0; j < 4; ++j) {
-      ks[j] = base + (s + j) * k.ss;
-      prefetch_row(ks[j] + A * k.ss, D * sizeof(T));
+      ks[j] = k.row(s + j);
+      prefetch_row(k.row(s + j + A), D * K::kElem);
     }
     __m256 acc[R][4];
     for (auto& a : acc) for (auto& v : a) v = _mm256_setzero_ps();
     for (int64_t d = 0; d < D8; d += 8)
       for (int j = 0; j < 4; ++j) {
-        const __m256 kv = load8(ks[j] + d);
+        const __m256 kv = k.load(ks[j], d);
         for (int r = 0; r < R; ++r)
           acc[r][j] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(qf + r * D + d), acc[r][j]);
       }
+    const __m128 c = _mm_setr_ps(k.scale(s), k.scale(s + 1), k.scale(s + 2), k.scale(s + 3));
     for (int r = 0; r < R; ++r) {
-      alignas(16) float v[4];
-      _mm_store_ps(v, hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
-      for (int j = 0; j < 4; ++j) {
-        for (int64_t d = D8; d < D; ++d) v[j] += qf[r * D + d] * widen(ks[j][d]);
-        out[r * S + s + j] = v[j];
+      __m128 v = hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      if constexpr (kTail) {  // the lanes past the last 8, one at a time
+        alignas(16) float t[4];
+        _mm_store_ps(t, v);
+        for (int j = 0; j < 4; ++j)
+          for (int64_t d = D8; d < D; ++d) t[j] += qf[r * D + d] * K::at(ks[j], d);
+        v = _mm_load_ps(t);
       }
+      _mm_storeu_ps(out + r * S + s, _mm_mul_ps(v, c));  // Keys' scale 1 folds away
     }
   }
   for (; s < s1; ++s) {  // the last slots of the range, one at a time
-    const T* ks = base + s * k.ss;
+    const auto ks = k.row(s);
     for (int r = 0; r < R; ++r) {
       __m256 acc = _mm256_setzero_ps();
       for (int64_t d = 0; d < D8; d += 8)
-        acc = _mm256_fmadd_ps(load8(ks + d), _mm256_loadu_ps(qf + r * D + d), acc);
+        acc = _mm256_fmadd_ps(k.load(ks, d), _mm256_loadu_ps(qf + r * D + d), acc);
       float v = hsum(acc);
-      for (int64_t d = D8; d < D; ++d) v += qf[r * D + d] * widen(ks[d]);
-      out[r * S + s] = v;
+      for (int64_t d = D8; d < D; ++d) v += qf[r * D + d] * K::at(ks, d);
+      out[r * S + s] = v * k.scale(s);
     }
   }
 }
 
-template <class T>
+// AVX2's scores over any stored keys (float32, bfloat16, INT8): the query widened to float32
+// (qf [M, D]; INT8's in byte order), three rows a pass, then the rest.
+template <bool kTail, class K>
 __attribute__((target("avx2,fma")))
-void scores_avx2(const float* qf, Stretch k, float* out, int64_t M, int64_t S, int64_t D,
-                 int64_t s0, int64_t s1) {
-  for (int64_t m = 0; m < M; m += 3) {  // three rows a pass, then the rest
+void scores_avx2_rows(const float* qf, const K k, float* out, int64_t M, int64_t S, int64_t D,
+                      int64_t s0, int64_t s1) {
+  for (int64_t m = 0; m < M; m += 3) {
     const float* q = qf + m * D;
     float* o = out + m * S;
-    if (M - m >= 3) scores_rows_avx2<T, 3>(q, k, o, S, D, s0, s1);
-    else if (M - m == 2) scores_rows_avx2<T, 2>(q, k, o, S, D, s0, s1);
-    else scores_rows_avx2<T, 1>(q, k, o, S, D, s0, s1);
+    if (M - m >= 3) scores_rows_avx2<3, kTail>(q, k, o, S, D, s0, s1);
+    else if (M - m == 2) scores_rows_avx2<2, kTail>(q, k, o, S, D, s0, s1);
+    else scores_rows_avx2<1, kTail>(q, k, o, S, D, s0, s1);
   }
+}
+template <class K>
+void scores_avx2(const float* qf, const K k, float* out, int64_t M, int64_t S, int64_t D,
+                 int64_t s0, int64_t s1) {
+  if (D % 8) scores_avx2_rows<true>(qf, k, out, M, S, D, s0, s1);
+  else scores_avx2_rows<false>(qf, k, out, M, S, D, s0, s1);
 }
 
 // AVX-512 BF16: 32 bfloat16 pairs a step, straight from the key row and the query.
@@ -505,14 +533,9 @@ inline void scores8_portable(const float* qb, Stretch w, Stretch sc, float* out,
 namespace int8_avx2 {
 using F = f8;
 constexpr int L = 8, kRows64 = 3, kRows128 = 3, kPass64 = 4, kPass128 = 4;
-constexpr bool kFour = true;
 REGIONKV_INLINE F load_codes(const int8_t* p) {
   return (F)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-REGIONKV_INLINE float lane_sum(F v) { return hsum((__m256)v); }
-REGIONKV_INLINE __m128 sum4(F a, F b, F c, F d) {
-  return hsum4((__m256)a, (__m256)b, (__m256)c, (__m256)d);
 }
 #include "int8_attention.h"
 }  // namespace int8_avx2
@@ -523,18 +546,56 @@ REGIONKV_INLINE __m128 sum4(F a, F b, F c, F d) {
 namespace int8_avx512 {
 using F = f16;
 constexpr int L = 16, kRows64 = 4, kRows128 = 2, kPass64 = 4, kPass128 = 8;
-constexpr bool kFour = false;
 REGIONKV_INLINE F load_codes(const int8_t* p) {
   return (F)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 REGIONKV_INLINE float lane_sum(F v) { return _mm512_reduce_add_ps((__m512)v); }
-REGIONKV_INLINE __m128 sum4(F a, F b, F c, F d) {
-  return _mm_setr_ps(lane_sum(a), lane_sum(b), lane_sum(c), lane_sum(d));
-}
 #include "int8_attention.h"
+
+// scores8 over slots [s0, s1): out[m, s] = scale[s] * qb[m] . codes[s], qb float32 [M, D] in
+// byte order, D = L * V in registers: a slot's codes widened once for the rows, which AVX-512's
+// 32 registers hold (AVX2 takes scores_avx2 over Codes, below: four slots at a time).
+template <int V>
+REGIONKV_INLINE void scores8_rows(const float* qb, Stretch w, Stretch sc, float* out, int64_t M,
+                                  int64_t S, int64_t s0, int64_t s1) {
+  constexpr int D = L * V;
+  const int64_t A = ahead_rows(D, 1);
+  for (int64_t s = s0; s < s1; ++s) {
+    const int8_t* r = code_row(w, s);
+    prefetch_row(code_row(w, s + A), D);
+    const float scale = scale_of(sc, s);
+    F kv[V];
+    for (int j = 0; j < V; ++j) kv[j] = load_codes(r + L * j);
+    for (int64_t m = 0; m < M; ++m) {
+      F acc = load<F>(qb + m * D) * kv[0];
+      for (int j = 1; j < V; ++j) acc += load<F>(qb + m * D + L * j) * kv[j];
+      out[m * S + s] = lane_sum(acc) * scale;
+    }
+  }
+}
+
+inline void scores8(const float* qb, Stretch w, Stretch sc, float* out, int64_t M, int64_t S,
+                    int64_t D, int64_t s0, int64_t s1) {
+  if (D == 64) scores8_rows<64 / L>(qb, w, sc, out, M, S, s0, s1);
+  else if (D == 128) scores8_rows<128 / L>(qb, w, sc, out, M, S, s0, s1);
+  else scores8_portable(qb, w, sc, out, M, S, D, s0, s1);
+}
 }  // namespace int8_avx512
 #pragma GCC pop_options
+
+// INT8 keys for scores_avx2: a slot's codes in byte order (the query permuted to match), the
+// slot's scale on its sums.
+struct Codes {
+  static constexpr int64_t kElem = 1;
+  Stretch w, sc;
+  const int8_t* row(int64_t s) const { return code_row(w, s); }
+  __attribute__((target("avx2,fma"))) __m256 load(const int8_t* r, int64_t d) const {
+    return (__m256)int8_avx2::load_codes(r + d);
+  }
+  static float at(const int8_t* r, int64_t d) { return r[d]; }
+  float scale(int64_t s) const { return scale_of(sc, s); }
+};
 
 // Which kernel a tensor's dtype takes: AVX-512 BF16 only for bfloat16 (scores); else AVX2's.
 inline int64_t for_dtype(int64_t isa, at::ScalarType t) {
@@ -582,9 +643,9 @@ at::Tensor scores(const at::Tensor& q, const at::Tensor& k, int64_t isa) {
     if (k.scalar_type() == at::kFloat) {
       const float* qb = qc.data_ptr<float>() + bh * M * D;
       if (kernel == 0) scores_portable(qb, ks, ob, M, S, D, s0, s1);
-      else scores_avx2<float>(qb, ks, ob, M, S, D, s0, s1);
+      else scores_avx2(qb, Keys<float>{ks}, ob, M, S, D, s0, s1);
     } else if (kernel == 1) {
-      scores_avx2<bf16>(qc.data_ptr<float>() + bh * M * D, ks, ob, M, S, D, s0, s1);
+      scores_avx2(qc.data_ptr<float>() + bh * M * D, Keys<bf16>{ks}, ob, M, S, D, s0, s1);
     } else {
       const bf16* qb = qc.data_ptr<bf16>() + bh * M * D;
       if (kernel == 0) scores_portable(qb, ks, ob, M, S, D, s0, s1);
@@ -662,7 +723,7 @@ at::Tensor scores8(const at::Tensor& q, const at::Tensor& w, const at::Tensor& s
     const float* qm = qb.data() + bh * M * D;
     float* ob = o + bh * M * S;
     if (isa == 0) scores8_portable(qm, ws, ss, ob, M, S, D, s0, s1);
-    else if (isa == 1) int8_avx2::scores8(qm, ws, ss, ob, M, S, D, s0, s1);
+    else if (isa == 1) scores_avx2(qm, Codes{ws, ss}, ob, M, S, D, s0, s1);
     else int8_avx512::scores8(qm, ws, ss, ob, M, S, D, s0, s1);
   });
   return out;

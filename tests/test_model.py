@@ -358,14 +358,15 @@ def test_int8_stretches_attend_as_their_dequantized_values_do(compiled, dtype, w
 def test_every_attention_kernel_reads_strided_stretches_exactly(dtype):
     """kernels.scores / kernels.mix (a compiled CPU step's attention over a cached stretch),
     and scores8 / mix8 over the same as INT8 words: q.k and p @ v in float32 for any number of
-    query rows, head sizes in registers (64, 128) and not (40), a stretch sliced out of a
-    larger buffer, by every kernel this CPU has, against float64; bad input is a clear error."""
+    query rows, head sizes in registers (64, 128) and not (40; 36, not a multiple of 8 lanes),
+    a stretch sliced out of a larger buffer, by every kernel this CPU has, against float64; bad
+    input is a clear error."""
     import kernels
     from quantize.kv import dequantize_words, quantize_words, split_words
     assert kernels.available(), "the decode kernels build on every x86 machine of the pool"
     g = torch.Generator().manual_seed(0)
     for b, h, m, s, d in [(1, 3, 3, 1030, 64), (2, 2, 1, 5, 40), (1, 1, 16, 300, 128),
-                          (1, 2, 5, 77, 128), (1, 2, 7, 129, 64)]:
+                          (1, 2, 5, 77, 128), (1, 2, 7, 129, 64), (1, 2, 4, 23, 36)]:
         k = torch.randn(b, h, s + 9, d, generator=g).to(dtype)[:, :, 4:4 + s]
         v = torch.randn(b, h + 1, s + 9, d, generator=g).to(dtype)[:, 1:, 2:2 + s]
         q = torch.randn(b, h, m, d, generator=g).to(dtype)
