@@ -94,7 +94,7 @@ def _build() -> bool:
     source = os.path.join(here, "decode.cpp")
     # torch's loader rebuilds when a source or a flag changes, not a header: the header's
     # digest goes into the flags.
-    with open(os.path.join(here, "int8_attention.h"), "rb") as f:
+    with open(os.path.join(here, "attention.h"), "rb") as f:
         header = hashlib.sha1(f.read()).hexdigest()[:16]
     try:
         load("regionkv_decode", [source], extra_cflags=["-O3", "-fopenmp",

@@ -11,7 +11,9 @@
 // read once for them), and prefetches the rows 8 KB ahead of its loads: on the pool's VMs the
 // hardware prefetcher alone leaves a quarter of the bandwidth unused on these short rows.
 // Attention reads each cached key and value once for all the query rows of its head (the
-// reductions Inductor writes for it read a key once per row and sum across lanes per row).
+// reductions Inductor writes for it read a key once per row and sum across lanes per row); its
+// loops take a reader of the stretch as stored (Rows<T>, Codes), one loop for float32,
+// bfloat16 and INT8 keys or values.
 // Products and sums are float32; gemv rounds its sums once to the weight's dtype, as oneDNN
 // does; scores and mix return float32.
 //
@@ -249,123 +251,68 @@ inline __attribute__((always_inline)) void prefetch_row(const void* row, int64_t
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(row) + b);
 }
 
-// scores: out[m, s] = q[m] . k[s] for the slots [s0, s1), out float32 [M, S] of this (b, h).
+// ---- what a stretch holds: the readers every attention loop takes --------------------------
+// Rows<T>: float32 or bfloat16 keys or values. Codes: an INT8 stretch, a slot's D codes in D/4
+// words, code i * D/4 + j in byte i of word j (quantize/kv.py), so the row's bytes in memory
+// order are the codes in "byte order": byte 4j + i is code i * D/4 + j. The kernels work in
+// byte order, the query permuted into it going in and the mixed values permuted out of it at
+// the end, and scale each slot's sums once.
+// A reader: row(s), slot s's row; from(c), the same stretch from column c (a pass over part of
+// the rows); at(r, d), column d of a row in float32; scale(s), what slot s's products are
+// multiplied by; kElem, bytes an element.
 template <class T>
-void scores_portable(const T* q, Stretch k, float* out, int64_t M, int64_t S, int64_t D,
-                     int64_t s0, int64_t s1) {
-  const int64_t A = ahead_rows(D, sizeof(T));
-  for (int64_t s = s0; s < s1; ++s) {
-    const T* ks = static_cast<const T*>(k.p) + s * k.ss;
-    prefetch_row(ks + A * k.ss, D * sizeof(T));
-    for (int64_t m = 0; m < M; ++m) {
-      float acc = 0.f;
-      for (int64_t d = 0; d < D; ++d) acc += widen(q[m * D + d]) * widen(ks[d]);
-      out[m * S + s] = acc;
-    }
-  }
-}
-
-// AVX2: the query widened to float32 once (qf [M, D]); each key row widened 8 at a time, once for
-// up to three query rows.
-__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) {
-  return _mm256_loadu_ps(p);
-}
-__attribute__((target("avx2,fma"))) inline __m256 load8(const bf16* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(
-      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-}
-
-// Four slots' sums of one row, one lane each: [sum a, sum b, sum c, sum d].
-__attribute__((target("avx2,fma"))) inline __m128 hsum4(__m256 a, __m256 b, __m256 c,
-                                                        __m256 d) {
-  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
-}
-
-// The keys scores_avx2 reads, by how they are stored: row(s), slot s's row; load(r, d), 8 of its
-// lanes from d widened to float32; at(r, d), one lane; scale(s), what slot s's sums are
-// multiplied by. Keys<T>: float32 or bfloat16 rows; Codes (below): INT8 codes and a scale a slot.
-template <class T>
-struct Keys {
+struct Rows {
   static constexpr int64_t kElem = sizeof(T);
   Stretch k;
   const T* row(int64_t s) const { return static_cast<const T*>(k.p) + s * k.ss; }
-  __attribute__((target("avx2,fma"))) __m256 load(const T* r, int64_t d) const {
-    return load8(r + d);
-  }
+  Rows from(int64_t c) const { return {{row(0) + c, k.ss}}; }
   static float at(const T* r, int64_t d) { return widen(r[d]); }
   static float scale(int64_t) { return 1.f; }
 };
 
-// R query rows over four slots at a time: each key vector widened once for the R rows, the
-// 4 x R sums in registers (R <= 3: 12 of AVX2's 16), reduced four slots to a store. kTail: the
-// head size is not a multiple of 8, each sum finishes lane by lane (a separate loop: the branch
-// would keep GCC from holding the sums in registers past the loop).
-template <int R, bool kTail, class K>
-__attribute__((target("avx2,fma"))) inline __attribute__((always_inline))
-void scores_rows_avx2(const float* qf, const K k, float* out, int64_t S, int64_t D,
-                      int64_t s0, int64_t s1) {
-  const int64_t D8 = D / 8 * 8, A = ahead_rows(D, K::kElem);
-  int64_t s = s0;
-  for (; s + 4 <= s1; s += 4) {
-    decltype(k.row(s)) ks[4];
-    for (int j = 0; j < 4; ++j) {
-      ks[j] = k.row(s + j);
-      prefetch_row(k.row(s + j + A), D * K::kElem);
-    }
-    __m256 acc[R][4];
-    for (auto& a : acc) for (auto& v : a) v = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D8; d += 8)
-      for (int j = 0; j < 4; ++j) {
-        const __m256 kv = k.load(ks[j], d);
-        for (int r = 0; r < R; ++r)
-          acc[r][j] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(qf + r * D + d), acc[r][j]);
-      }
-    const __m128 c = _mm_setr_ps(k.scale(s), k.scale(s + 1), k.scale(s + 2), k.scale(s + 3));
-    for (int r = 0; r < R; ++r) {
-      __m128 v = hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-      if constexpr (kTail) {  // the lanes past the last 8, one at a time
-        alignas(16) float t[4];
-        _mm_store_ps(t, v);
-        for (int j = 0; j < 4; ++j)
-          for (int64_t d = D8; d < D; ++d) t[j] += qf[r * D + d] * K::at(ks[j], d);
-        v = _mm_load_ps(t);
-      }
-      _mm_storeu_ps(out + r * S + s, _mm_mul_ps(v, c));  // Keys' scale 1 folds away
-    }
-  }
-  for (; s < s1; ++s) {  // the last slots of the range, one at a time
-    const auto ks = k.row(s);
-    for (int r = 0; r < R; ++r) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t d = 0; d < D8; d += 8)
-        acc = _mm256_fmadd_ps(k.load(ks, d), _mm256_loadu_ps(qf + r * D + d), acc);
-      float v = hsum(acc);
-      for (int64_t d = D8; d < D; ++d) v += qf[r * D + d] * K::at(ks, d);
-      out[r * S + s] = v * k.scale(s);
+struct Codes {
+  static constexpr int64_t kElem = 1;
+  Stretch w, sc;  // w.ss counts 4-byte words
+  const int8_t* row(int64_t s) const { return static_cast<const int8_t*>(w.p) + 4 * s * w.ss; }
+  Codes from(int64_t c) const { return {{row(0) + c, w.ss}, sc}; }
+  static float at(const int8_t* r, int64_t d) { return r[d]; }
+  float scale(int64_t s) const { return static_cast<const float*>(sc.p)[s * sc.ss]; }
+};
+
+inline int64_t byte_of(int64_t d, int64_t D) { return 4 * (d % (D / 4)) + d / (D / 4); }
+
+// The portable forms (kernel 0, and the head sizes the vector loops do not take).
+// scores: out[m, s] = scale(s) q[m] . k[s] for the slots [s0, s1), out float32 [M, S] of this
+// (b, h), q float32 [M, D].
+template <class K>
+void scores_portable(const float* q, K k, float* out, int64_t M, int64_t S, int64_t D,
+                     int64_t s0, int64_t s1) {
+  const int64_t A = ahead_rows(D, K::kElem);
+  for (int64_t s = s0; s < s1; ++s) {
+    const auto r = k.row(s);
+    prefetch_row(k.row(s + A), D * K::kElem);
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0.f;
+      for (int64_t d = 0; d < D; ++d) acc += q[m * D + d] * K::at(r, d);
+      out[m * S + s] = acc * k.scale(s);
     }
   }
 }
 
-// AVX2's scores over any stored keys (float32, bfloat16, INT8): the query widened to float32
-// (qf [M, D]; INT8's in byte order), three rows a pass, then the rest.
-template <bool kTail, class K>
-__attribute__((target("avx2,fma")))
-void scores_avx2_rows(const float* qf, const K k, float* out, int64_t M, int64_t S, int64_t D,
-                      int64_t s0, int64_t s1) {
-  for (int64_t m = 0; m < M; m += 3) {
-    const float* q = qf + m * D;
-    float* o = out + m * S;
-    if (M - m >= 3) scores_rows_avx2<3, kTail>(q, k, o, S, D, s0, s1);
-    else if (M - m == 2) scores_rows_avx2<2, kTail>(q, k, o, S, D, s0, s1);
-    else scores_rows_avx2<1, kTail>(q, k, o, S, D, s0, s1);
-  }
-}
+// mix: acc[m, :] = sum over the slots [s0, s1) of p[m, s] scale(s) v[s, :], acc float32 [M, D].
 template <class K>
-void scores_avx2(const float* qf, const K k, float* out, int64_t M, int64_t S, int64_t D,
-                 int64_t s0, int64_t s1) {
-  if (D % 8) scores_avx2_rows<true>(qf, k, out, M, S, D, s0, s1);
-  else scores_avx2_rows<false>(qf, k, out, M, S, D, s0, s1);
+void mix_portable(const float* p, K v, float* acc, int64_t M, int64_t S, int64_t D, int64_t s0,
+                  int64_t s1) {
+  std::fill(acc, acc + M * D, 0.f);
+  const int64_t A = ahead_rows(D, K::kElem);
+  for (int64_t s = s0; s < s1; ++s) {
+    const auto r = v.row(s);
+    prefetch_row(v.row(s + A), D * K::kElem);
+    for (int64_t m = 0; m < M; ++m) {
+      const float w = p[m * S + s] * v.scale(s);
+      for (int64_t d = 0; d < D; ++d) acc[m * D + d] += w * K::at(r, d);
+    }
+  }
 }
 
 // AVX-512 BF16: 32 bfloat16 pairs a step, straight from the key row and the query.
@@ -388,214 +335,173 @@ void scores_avx512bf16(const bf16* q, Stretch k, float* out, int64_t M, int64_t 
   }
 }
 
-// mix: acc[m, :] = sum over the slots [s0, s1) of p[m, s] v[s, :], acc float32 [M, D].
-template <class T>
-void mix_portable(const float* p, Stretch v, float* acc, int64_t M, int64_t S, int64_t D,
-                  int64_t s0, int64_t s1) {
-  std::fill(acc, acc + M * D, 0.f);
-  const int64_t A = ahead_rows(D, sizeof(T));
-  for (int64_t s = s0; s < s1; ++s) {
-    const T* vs = static_cast<const T*>(v.p) + s * v.ss;
-    prefetch_row(vs + A * v.ss, D * sizeof(T));
-    for (int64_t m = 0; m < M; ++m) {
-      const float w = p[m * S + s];
-      for (int64_t d = 0; d < D; ++d) acc[m * D + d] += w * widen(vs[d]);
-    }
-  }
-}
-
 // Float vectors in GCC's vector extension, as wide as the target's registers: 8 lanes (AVX2,
 // ymm) or 16 (AVX-512, zmm), the same code compiled for each.
 typedef float f8 __attribute__((vector_size(32)));
 typedef float f16 __attribute__((vector_size(64)));
-template <class F> struct Lanes;
-template <> struct Lanes<f8> {
-  static constexpr int n = 8;
-  typedef uint16_t h __attribute__((vector_size(16)));
-  typedef uint32_t w __attribute__((vector_size(32)));
-};
-template <> struct Lanes<f16> {
-  static constexpr int n = 16;
-  typedef uint16_t h __attribute__((vector_size(32)));
-  typedef uint32_t w __attribute__((vector_size(64)));
-};
 
 #define REGIONKV_INLINE inline __attribute__((always_inline))  // takes its caller's target
 
-template <class F> REGIONKV_INLINE F load(const float* p) {
-  F v; __builtin_memcpy(&v, p, sizeof v); return v;
-}
-template <class F> REGIONKV_INLINE F load(const bf16* p) {  // bfloat16: float32's high half
-  typename Lanes<F>::h h; __builtin_memcpy(&h, p, sizeof h);
-  typename Lanes<F>::w w = __builtin_convertvector(h, typename Lanes<F>::w) << 16;
-  F v; __builtin_memcpy(&v, &w, sizeof v); return v;
-}
 
-// mix for a head size of D = L * V (L lanes), P vectors of the row a pass (the stretch v starts
-// at the pass's first column): R rows' sums held in registers across the slots, each value
-// vector widened once for them.
-template <class T, class F, int R, int P>
-REGIONKV_INLINE void mix_rows(const float* p, Stretch v, float* acc, int64_t D, int64_t S,
-                              int64_t s0, int64_t s1) {
-  constexpr int L = Lanes<F>::n;
-  const int64_t A = ahead_rows(D, sizeof(T));
-  F a[R][P] = {};
-  for (int64_t s = s0; s < s1; ++s) {
-    const T* vs = static_cast<const T*>(v.p) + s * v.ss;
-    prefetch_row(vs + A * v.ss, L * P * sizeof(T));
-    float w[R];
-    for (int r = 0; r < R; ++r) w[r] = p[r * S + s];
-    for (int j = 0; j < P; ++j) {
-      const F vv = load<F>(vs + L * j);
-      for (int r = 0; r < R; ++r) a[r][j] += w[r] * vv;
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < P; ++j) __builtin_memcpy(acc + r * D + L * j, &a[r][j], sizeof(F));
-}
-
-template <class T, class F, int V, int R, int P>
-REGIONKV_INLINE void mix_fixed(const float* p, Stretch v, float* acc, int64_t M, int64_t S,
-                               int64_t s0, int64_t s1) {
-  constexpr int L = Lanes<F>::n, D = L * V;
-  for (int c = 0; c < D; c += L * P) {  // the row's columns in passes of P vectors
-    const Stretch vc{static_cast<const T*>(v.p) + c, v.ss};
-    for (int64_t m = 0; m < M;) {  // R rows a pass, then the rest in one pass of fewer
-      const int64_t r = std::min<int64_t>(R, M - m);
-      const float* pm = p + m * S;
-      float* am = acc + m * D + c;
-      if (r >= 4 && R >= 4) mix_rows<T, F, (R >= 4 ? 4 : 1), P>(pm, vc, am, D, S, s0, s1);
-      else if (r == 3 && R >= 3) mix_rows<T, F, (R >= 3 ? 3 : 1), P>(pm, vc, am, D, S, s0, s1);
-      else if (r == 2 && R >= 2) mix_rows<T, F, (R >= 2 ? 2 : 1), P>(pm, vc, am, D, S, s0, s1);
-      else mix_rows<T, F, 1, P>(pm, vc, am, D, S, s0, s1);
-      m += r >= 4 && R >= 4 ? 4 : r;
-    }
-  }
-}
-
-// Head sizes 64 and 128 in registers, up to three quarters of them accumulators (AVX2: 16 ymm,
-// three rows of half a 64-wide row, passes of 32 columns; AVX-512: 32 zmm, whole rows);
-// others by the portable loop.
-#define REGIONKV_MIX(NAME, TARGET, F, ROWS64, ROWS128, PASS64, PASS128)                        \
-  template <class T>                                                                         \
-  __attribute__((target(TARGET)))                                                            \
-  void NAME(const float* p, Stretch v, float* acc, int64_t M, int64_t S, int64_t D,          \
-            int64_t s0, int64_t s1) {                                                        \
-    constexpr int L = Lanes<F>::n;                                                           \
-    if (D == 64) mix_fixed<T, F, 64 / L, ROWS64, PASS64>(p, v, acc, M, S, s0, s1);           \
-    else if (D == 128) mix_fixed<T, F, 128 / L, ROWS128, PASS128>(p, v, acc, M, S, s0, s1);  \
-    else mix_portable<T>(p, v, acc, M, S, D, s0, s1);                                        \
-  }
-REGIONKV_MIX(mix_avx2, "avx2,fma", f8, 3, 3, 4, 4)
-REGIONKV_MIX(mix_avx512, "avx512f,avx512bw", f16, 4, 2, 4, 8)
-
-// ---- INT8 stretches: a slot's D codes in D/4 words, code i * D/4 + j in byte i of word j --------
-// (quantize/kv.py), so the row's bytes in memory order are the codes in "byte order": byte
-// 4j + i is code i * D/4 + j. The kernels work in byte order, the query permuted into it going
-// in and the mixed values permuted out of it at the end, and scale each slot's sum once.
-inline int64_t byte_of(int64_t d, int64_t D) { return 4 * (d % (D / 4)) + d / (D / 4); }
-
-inline const int8_t* code_row(Stretch w, int64_t s) {  // w.ss counts 4-byte words
-  return static_cast<const int8_t*>(w.p) + 4 * s * w.ss;
-}
-inline float scale_of(Stretch sc, int64_t s) { return static_cast<const float*>(sc.p)[s * sc.ss]; }
-
-// The portable forms: scalar loops over the codes in byte order.
-inline void mix8_portable(const float* p, Stretch w, Stretch sc, float* acc, int64_t M,
-                          int64_t S, int64_t D, int64_t s0, int64_t s1) {
-  std::fill(acc, acc + M * D, 0.f);
-  for (int64_t s = s0; s < s1; ++s) {
-    const int8_t* r = code_row(w, s);
-    const float scale = scale_of(sc, s);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t b = 0; b < D; ++b) acc[m * D + b] += p[m * S + s] * scale * r[b];
-  }
-}
-
-inline void scores8_portable(const float* qb, Stretch w, Stretch sc, float* out, int64_t M,
-                             int64_t S, int64_t D, int64_t s0, int64_t s1) {
-  for (int64_t s = s0; s < s1; ++s) {
-    const int8_t* r = code_row(w, s);
-    const float scale = scale_of(sc, s);
-    for (int64_t m = 0; m < M; ++m) {
-      float acc = 0.f;
-      for (int64_t b = 0; b < D; ++b) acc += qb[m * D + b] * r[b];
-      out[m * S + s] = acc * scale;
-    }
-  }
-}
-
-// Both targets compile the same loops (kernels/int8_attention.h) with their own widening: GCC's
-// generic conversion of int8 lanes to float comes out element by element, so it is the
-// target's intrinsics, which must inline into loops compiled for that target.
+// The vector loops, compiled once per target: each namespace defines F (the float vector), L
+// (its lanes), lanes(p) for bfloat16 values and INT8 codes (L of them widened to float32 by the
+// target's intrinsics), the rows and columns of a mix pass for head sizes 64 and 128
+// (kRows64/128, kPass64/128), then includes the loops that both targets share
+// (kernels/attention.h: mix over any reader, lanes of float32), all under the target's
+// `#pragma GCC target`: GCC's generic widening of int8 lanes comes out element by element and
+// of bfloat16 in 128-bit halves, so the loops inline the target's intrinsics, and those inline
+// only into code of their target.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
-namespace int8_avx2 {
+namespace avx2 {
 using F = f8;
 constexpr int L = 8, kRows64 = 3, kRows128 = 3, kPass64 = 4, kPass128 = 4;
-REGIONKV_INLINE F load_codes(const int8_t* p) {
+REGIONKV_INLINE F lanes(const bf16* p) {  // float32's high half (GCC's generic widening
+  return (F)_mm256_slli_epi32(                 // of the halves takes two 128-bit halves)
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
+}
+REGIONKV_INLINE F lanes(const int8_t* p) {
   return (F)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
-#include "int8_attention.h"
-}  // namespace int8_avx2
+#include "attention.h"
+
+// Four slots' sums of one row, one lane each: [sum a, sum b, sum c, sum d].
+inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+// scores for R query rows over four slots at a time: each key vector widened once for the R
+// rows, the 4 x R sums in registers (R <= 3: 12 of the 16), reduced four slots to a store.
+// kTail: the head size is not a multiple of 8, each sum finishes lane by lane (a loop of its
+// own: the branch would keep GCC from holding the sums in registers past the loop).
+template <int R, bool kTail, class K>
+REGIONKV_INLINE void scores_rows(const float* qf, const K k, float* out, int64_t S, int64_t D,
+                                 int64_t s0, int64_t s1) {
+  const int64_t D8 = D / 8 * 8, A = ahead_rows(D, K::kElem);
+  int64_t s = s0;
+  for (; s + 4 <= s1; s += 4) {
+    decltype(k.row(s)) ks[4];
+    for (int j = 0; j < 4; ++j) {
+      ks[j] = k.row(s + j);
+      prefetch_row(k.row(s + j + A), D * K::kElem);
+    }
+    __m256 acc[R][4];
+    for (auto& a : acc) for (auto& v : a) v = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D8; d += 8)
+      for (int j = 0; j < 4; ++j) {
+        const __m256 kv = (__m256)lanes(ks[j] + d);
+        for (int r = 0; r < R; ++r)
+          acc[r][j] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(qf + r * D + d), acc[r][j]);
+      }
+    const __m128 c = _mm_setr_ps(k.scale(s), k.scale(s + 1), k.scale(s + 2), k.scale(s + 3));
+    for (int r = 0; r < R; ++r) {
+      __m128 v = hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      if constexpr (kTail) {  // the lanes past the last 8, one at a time
+        alignas(16) float t[4];
+        _mm_store_ps(t, v);
+        for (int j = 0; j < 4; ++j)
+          for (int64_t d = D8; d < D; ++d) t[j] += qf[r * D + d] * K::at(ks[j], d);
+        v = _mm_load_ps(t);
+      }
+      _mm_storeu_ps(out + r * S + s, _mm_mul_ps(v, c));  // Rows' scale 1 folds away
+    }
+  }
+  for (; s < s1; ++s) {  // the last slots of the range, one at a time
+    const auto ks = k.row(s);
+    for (int r = 0; r < R; ++r) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D8; d += 8)
+        acc = _mm256_fmadd_ps((__m256)lanes(ks + d), _mm256_loadu_ps(qf + r * D + d), acc);
+      float v = hsum(acc);
+      for (int64_t d = D8; d < D; ++d) v += qf[r * D + d] * K::at(ks, d);
+      out[r * S + s] = v * k.scale(s);
+    }
+  }
+}
+
+template <bool kTail, class K>
+void scores_by_three(const float* qf, const K k, float* out, int64_t M, int64_t S, int64_t D,
+                     int64_t s0, int64_t s1) {
+  for (int64_t m = 0; m < M; m += 3) {  // three rows a pass, then the rest
+    const float* q = qf + m * D;
+    float* o = out + m * S;
+    if (M - m >= 3) scores_rows<3, kTail>(q, k, o, S, D, s0, s1);
+    else if (M - m == 2) scores_rows<2, kTail>(q, k, o, S, D, s0, s1);
+    else scores_rows<1, kTail>(q, k, o, S, D, s0, s1);
+  }
+}
+
+// AVX2's scores over any stored keys (float32, bfloat16, INT8): the query in float32 (qf
+// [M, D]; an INT8 stretch's in byte order).
+template <class K>
+void scores(const float* qf, const K k, float* out, int64_t M, int64_t S, int64_t D,
+            int64_t s0, int64_t s1) {
+  if (D % 8) scores_by_three<true>(qf, k, out, M, S, D, s0, s1);
+  else scores_by_three<false>(qf, k, out, M, S, D, s0, s1);
+}
+}  // namespace avx2
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw")
-namespace int8_avx512 {
+namespace avx512 {
 using F = f16;
 constexpr int L = 16, kRows64 = 4, kRows128 = 2, kPass64 = 4, kPass128 = 8;
-REGIONKV_INLINE F load_codes(const int8_t* p) {
+REGIONKV_INLINE F lanes(const bf16* p) {
+  return (F)_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
+}
+REGIONKV_INLINE F lanes(const int8_t* p) {
   return (F)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
-REGIONKV_INLINE float lane_sum(F v) { return _mm512_reduce_add_ps((__m512)v); }
-#include "int8_attention.h"
+#include "attention.h"
 
-// scores8 over slots [s0, s1): out[m, s] = scale[s] * qb[m] . codes[s], qb float32 [M, D] in
-// byte order, D = L * V in registers: a slot's codes widened once for the rows, which AVX-512's
-// 32 registers hold (AVX2 takes scores_avx2 over Codes, below: four slots at a time).
+// scores over INT8 codes for D = L * V in registers: a slot's codes widened once for the rows,
+// which the 32 registers hold (bfloat16 keys take scores_avx512bf16; float32 keys AVX2's).
 template <int V>
-REGIONKV_INLINE void scores8_rows(const float* qb, Stretch w, Stretch sc, float* out, int64_t M,
-                                  int64_t S, int64_t s0, int64_t s1) {
+REGIONKV_INLINE void scores_rows(const float* qb, Codes w, float* out, int64_t M, int64_t S,
+                                 int64_t s0, int64_t s1) {
   constexpr int D = L * V;
   const int64_t A = ahead_rows(D, 1);
   for (int64_t s = s0; s < s1; ++s) {
-    const int8_t* r = code_row(w, s);
-    prefetch_row(code_row(w, s + A), D);
-    const float scale = scale_of(sc, s);
+    const int8_t* r = w.row(s);
+    prefetch_row(w.row(s + A), D);
     F kv[V];
-    for (int j = 0; j < V; ++j) kv[j] = load_codes(r + L * j);
+    for (int j = 0; j < V; ++j) kv[j] = lanes(r + L * j);
     for (int64_t m = 0; m < M; ++m) {
-      F acc = load<F>(qb + m * D) * kv[0];
-      for (int j = 1; j < V; ++j) acc += load<F>(qb + m * D + L * j) * kv[j];
-      out[m * S + s] = lane_sum(acc) * scale;
+      F acc = lanes(qb + m * D) * kv[0];
+      for (int j = 1; j < V; ++j) acc += lanes(qb + m * D + L * j) * kv[j];
+      out[m * S + s] = _mm512_reduce_add_ps((__m512)acc) * w.scale(s);
     }
   }
 }
 
-inline void scores8(const float* qb, Stretch w, Stretch sc, float* out, int64_t M, int64_t S,
-                    int64_t D, int64_t s0, int64_t s1) {
-  if (D == 64) scores8_rows<64 / L>(qb, w, sc, out, M, S, s0, s1);
-  else if (D == 128) scores8_rows<128 / L>(qb, w, sc, out, M, S, s0, s1);
-  else scores8_portable(qb, w, sc, out, M, S, D, s0, s1);
+void scores(const float* qb, Codes w, float* out, int64_t M, int64_t S, int64_t D, int64_t s0,
+            int64_t s1) {
+  if (D == 64) scores_rows<64 / L>(qb, w, out, M, S, s0, s1);
+  else if (D == 128) scores_rows<128 / L>(qb, w, out, M, S, s0, s1);
+  else scores_portable(qb, w, out, M, S, D, s0, s1);
 }
-}  // namespace int8_avx512
+}  // namespace avx512
 #pragma GCC pop_options
 
-// INT8 keys for scores_avx2: a slot's codes in byte order (the query permuted to match), the
-// slot's scale on its sums.
-struct Codes {
-  static constexpr int64_t kElem = 1;
-  Stretch w, sc;
-  const int8_t* row(int64_t s) const { return code_row(w, s); }
-  __attribute__((target("avx2,fma"))) __m256 load(const int8_t* r, int64_t d) const {
-    return (__m256)int8_avx2::load_codes(r + d);
-  }
-  static float at(const int8_t* r, int64_t d) { return r[d]; }
-  float scale(int64_t s) const { return scale_of(sc, s); }
-};
+// The ops' choice of loop: 0 portable, 1 AVX2, 2 AVX-512 (mix; scores over INT8 codes).
+template <class K>
+void scores_with(int64_t kernel, const float* q, K k, float* out, int64_t M, int64_t S,
+                 int64_t D, int64_t s0, int64_t s1) {
+  if (kernel == 0) scores_portable(q, k, out, M, S, D, s0, s1);
+  else avx2::scores(q, k, out, M, S, D, s0, s1);
+}
+template <class K>
+void mix_with(int64_t kernel, const float* p, K v, float* acc, int64_t M, int64_t S, int64_t D,
+              int64_t s0, int64_t s1) {
+  if (kernel == 0) mix_portable(p, v, acc, M, S, D, s0, s1);
+  else if (kernel == 1) avx2::mix(p, v, acc, M, S, D, s0, s1);
+  else avx512::mix(p, v, acc, M, S, D, s0, s1);
+}
 
 // Which kernel a tensor's dtype takes: AVX-512 BF16 only for bfloat16 (scores); else AVX2's.
 inline int64_t for_dtype(int64_t isa, at::ScalarType t) {
@@ -633,24 +539,22 @@ at::Tensor scores(const at::Tensor& q, const at::Tensor& k, int64_t isa) {
               "regionkv::scores: q and k must share dtype and head size");
   const int64_t BH = q.size(0) * q.size(1), M = q.size(2), S = k.size(2), D = k.size(3);
   const int64_t kernel = for_dtype(isa, k.scalar_type());
-  at::Tensor qc = kernel == 1 ? q.to(at::kFloat).contiguous() : q.contiguous();
+  // The query in float32 for the portable and AVX2 loops; AVX-512 BF16 multiplies bfloat16.
+  at::Tensor qc = kernel == 2 ? q.contiguous() : q.to(at::kFloat).contiguous();
   at::Tensor out = at::empty({q.size(0), q.size(1), M, S}, q.options().dtype(at::kFloat));
   const int64_t elem = k.element_size();
   float* o = out.data_ptr<float>();
   pieces(BH, S, [&](int64_t bh, int64_t, int64_t s0, int64_t s1) {
     Stretch ks = stretch(k, bh, elem);
     float* ob = o + bh * M * S;
-    if (k.scalar_type() == at::kFloat) {
-      const float* qb = qc.data_ptr<float>() + bh * M * D;
-      if (kernel == 0) scores_portable(qb, ks, ob, M, S, D, s0, s1);
-      else scores_avx2(qb, Keys<float>{ks}, ob, M, S, D, s0, s1);
-    } else if (kernel == 1) {
-      scores_avx2(qc.data_ptr<float>() + bh * M * D, Keys<bf16>{ks}, ob, M, S, D, s0, s1);
-    } else {
-      const bf16* qb = qc.data_ptr<bf16>() + bh * M * D;
-      if (kernel == 0) scores_portable(qb, ks, ob, M, S, D, s0, s1);
-      else scores_avx512bf16(qb, ks, ob, M, S, D, s0, s1);
+    if (kernel == 2) {
+      scores_avx512bf16(qc.data_ptr<bf16>() + bh * M * D, ks, ob, M, S, D, s0, s1);
+      return;
     }
+    const float* qb = qc.data_ptr<float>() + bh * M * D;
+    if (k.scalar_type() == at::kFloat) scores_with(kernel, qb, Rows<float>{ks}, ob, M, S, D, s0,
+                                                   s1);
+    else scores_with(kernel, qb, Rows<bf16>{ks}, ob, M, S, D, s0, s1);
   });
   return out;
 }
@@ -672,15 +576,8 @@ at::Tensor mix(const at::Tensor& p, const at::Tensor& v, int64_t isa) {
     Stretch vs = stretch(v, bh, elem);
     const float* pb = pp + bh * M * S;
     float* ab = acc + (bh * blocks + block) * M * D;
-    if (v.scalar_type() == at::kFloat) {
-      if (kernel == 0) mix_portable<float>(pb, vs, ab, M, S, D, s0, s1);
-      else if (kernel == 1) mix_avx2<float>(pb, vs, ab, M, S, D, s0, s1);
-      else mix_avx512<float>(pb, vs, ab, M, S, D, s0, s1);
-    } else {
-      if (kernel == 0) mix_portable<bf16>(pb, vs, ab, M, S, D, s0, s1);
-      else if (kernel == 1) mix_avx2<bf16>(pb, vs, ab, M, S, D, s0, s1);
-      else mix_avx512<bf16>(pb, vs, ab, M, S, D, s0, s1);
-    }
+    if (v.scalar_type() == at::kFloat) mix_with(kernel, pb, Rows<float>{vs}, ab, M, S, D, s0, s1);
+    else mix_with(kernel, pb, Rows<bf16>{vs}, ab, M, S, D, s0, s1);
   });
   at::Tensor out = at::empty({p.size(0), p.size(1), M, D}, p.options());
   float* o = out.data_ptr<float>();
@@ -722,9 +619,8 @@ at::Tensor scores8(const at::Tensor& q, const at::Tensor& w, const at::Tensor& s
     Stretch ws = stretch(w, bh, 4), ss = stretch(scale, bh, 4);
     const float* qm = qb.data() + bh * M * D;
     float* ob = o + bh * M * S;
-    if (isa == 0) scores8_portable(qm, ws, ss, ob, M, S, D, s0, s1);
-    else if (isa == 1) scores_avx2(qm, Codes{ws, ss}, ob, M, S, D, s0, s1);
-    else int8_avx512::scores8(qm, ws, ss, ob, M, S, D, s0, s1);
+    if (isa == 2) avx512::scores(qm, Codes{ws, ss}, ob, M, S, D, s0, s1);
+    else scores_with(isa, qm, Codes{ws, ss}, ob, M, S, D, s0, s1);
   });
   return out;
 }
@@ -744,9 +640,7 @@ at::Tensor mix8(const at::Tensor& p, const at::Tensor& w, const at::Tensor& scal
     Stretch ws = stretch(w, bh, 4), ss = stretch(scale, bh, 4);
     const float* pb = pp + bh * M * S;
     float* ab = acc + (bh * blocks + block) * M * D;
-    if (isa == 0) mix8_portable(pb, ws, ss, ab, M, S, D, s0, s1);
-    else if (isa == 1) int8_avx2::mix8(pb, ws, ss, ab, M, S, D, s0, s1);
-    else int8_avx512::mix8(pb, ws, ss, ab, M, S, D, s0, s1);
+    mix_with(isa, pb, Codes{ws, ss}, ab, M, S, D, s0, s1);
   });
   at::Tensor out = at::empty({p.size(0), p.size(1), M, D}, p.options());
   float* o = out.data_ptr<float>();
