@@ -342,7 +342,6 @@ typedef float f16 __attribute__((vector_size(64)));
 
 #define REGIONKV_INLINE inline __attribute__((always_inline))  // takes its caller's target
 
-
 // The vector loops, compiled once per target: each namespace defines F (the float vector), L
 // (its lanes), lanes(p) for bfloat16 values and INT8 codes (L of them widened to float32 by the
 // target's intrinsics), the rows and columns of a mix pass for head sizes 64 and 128
