@@ -47,6 +47,8 @@ sees the machine in the same state:
     pwcat         the engine's step with Inductor's force_pointwise_cat: every cat one
                   pointwise loop, not a buffer with a view of it per input (each a call of the
                   step's Python wrapper, per layer)
+    allslots      the engine's step with the attention kernels over every stretch, however
+                  short (kernels.ATTEND_SLOTS = 0; section 6zj: a 256-slot budget on AVX2)
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
@@ -71,7 +73,7 @@ from engine.default_model import resolve_checkpoint  # noqa: E402
 
 VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize", "headout", "unstored",
             "customop", "onednn", "unrolled", "cppwrap", "frozen", "frozeninline",
-            "reductions", "attnreduce", "before6zd", "pwcat")
+            "reductions", "attnreduce", "before6zd", "pwcat", "allslots")
 
 
 @torch.library.custom_op("decode_ab::stored", mutates_args=())
@@ -113,6 +115,7 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     onednn, engine_streamed = own_step_graph(), dense.streamed
     reductions, attnreduce, before6zd = own_step_graph(), own_step_graph(), own_step_graph()
     pwcat = own_step_graph({**G.STEP_OPTIONS, "force_pointwise_cat": True})
+    allslots, engine_slots = own_step_graph(), kernels.ATTEND_SLOTS
     unrolled, cppwrap = own_step_graph(), own_step_graph({**G.STEP_OPTIONS, "cpp_wrapper": True})
     frozen = G.baked_step(model)  # --bake_weights
     inline = torch.compile(run_all_inline, fullgraph=True, dynamic=False,
@@ -133,6 +136,7 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
         dense.streamed = (lambda x: False) if variant == "onednn" else engine_streamed
         kernels.LINEARS = variant not in ("reductions", "before6zd")
         kernels.ATTENTION = variant not in ("attnreduce", "before6zd")
+        kernels.ATTEND_SLOTS = 0 if variant == "allslots" else engine_slots
         if variant == "before6zd" and dense._AMX and model.dtype == torch.bfloat16 and \
                 model.layers[0].attention.wqkv.onednn:
             dense.streamed = lambda x: False  # oneDNN's bfloat16 linears, as then
@@ -143,7 +147,8 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
                             "cppwrap": cppwrap, "frozen": frozen,
                             "frozeninline": frozeninline,
                             "reductions": reductions, "attnreduce": attnreduce,
-                            "before6zd": before6zd, "pwcat": pwcat}.get(variant, graph)
+                            "before6zd": before6zd, "pwcat": pwcat,
+                            "allslots": allslots}.get(variant, graph)
         model.block_step = {"regional": regional, "unrolled": G.run_block,
                             "cppwrap": G.run_block}.get(variant, nested)
 
