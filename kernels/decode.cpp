@@ -355,8 +355,8 @@ typedef float f16 __attribute__((vector_size(64)));
 namespace avx2 {
 using F = f8;
 constexpr int L = 8, kRows64 = 3, kRows128 = 3, kPass64 = 4, kPass128 = 4;
-REGIONKV_INLINE F lanes(const bf16* p) {  // float32's high half (GCC's generic widening
-  return (F)_mm256_slli_epi32(                 // of the halves takes two 128-bit halves)
+REGIONKV_INLINE F lanes(const bf16* p) {  // bfloat16: float32's high half
+  return (F)_mm256_slli_epi32(
       _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
 }
 REGIONKV_INLINE F lanes(const int8_t* p) {
@@ -551,9 +551,10 @@ at::Tensor scores(const at::Tensor& q, const at::Tensor& k, int64_t isa) {
       return;
     }
     const float* qb = qc.data_ptr<float>() + bh * M * D;
-    if (k.scalar_type() == at::kFloat) scores_with(kernel, qb, Rows<float>{ks}, ob, M, S, D, s0,
-                                                   s1);
-    else scores_with(kernel, qb, Rows<bf16>{ks}, ob, M, S, D, s0, s1);
+    if (k.scalar_type() == at::kFloat)
+      scores_with(kernel, qb, Rows<float>{ks}, ob, M, S, D, s0, s1);
+    else
+      scores_with(kernel, qb, Rows<bf16>{ks}, ob, M, S, D, s0, s1);
   });
   return out;
 }
@@ -575,8 +576,10 @@ at::Tensor mix(const at::Tensor& p, const at::Tensor& v, int64_t isa) {
     Stretch vs = stretch(v, bh, elem);
     const float* pb = pp + bh * M * S;
     float* ab = acc + (bh * blocks + block) * M * D;
-    if (v.scalar_type() == at::kFloat) mix_with(kernel, pb, Rows<float>{vs}, ab, M, S, D, s0, s1);
-    else mix_with(kernel, pb, Rows<bf16>{vs}, ab, M, S, D, s0, s1);
+    if (v.scalar_type() == at::kFloat)
+      mix_with(kernel, pb, Rows<float>{vs}, ab, M, S, D, s0, s1);
+    else
+      mix_with(kernel, pb, Rows<bf16>{vs}, ab, M, S, D, s0, s1);
   });
   at::Tensor out = at::empty({p.size(0), p.size(1), M, D}, p.options());
   float* o = out.data_ptr<float>();
