@@ -3,6 +3,7 @@
     gemv(x, w)       # x @ w.T for x of 1 or 2 rows: float32 or bfloat16, w plain [N, K]
     scores(q, k)     # q @ k^T in float32: a few query rows [B, H, M, D] over cached keys
     mix(p, v)        # p @ v in float32: attention's weights [B, H, M, S] over cached values
+    attend(q, k, v, mask, scale)  # softmax(q . k * scale, masked) @ v and its log-sum-exp
     available()      # whether this machine built and runs them (built once, then cached)
 
 A compiled CPU decode step reads each weight once for one row. oneDNN's inner product pays a
@@ -34,6 +35,12 @@ _LIB.define("scores(Tensor q, Tensor k, int isa) -> Tensor")
 _LIB.define("mix(Tensor p, Tensor v, int isa) -> Tensor")
 _LIB.define("scores8(Tensor q, Tensor words, Tensor scale, int isa) -> Tensor")
 _LIB.define("mix8(Tensor p, Tensor words, Tensor scale, int isa) -> Tensor")
+_LIB.define("attend(Tensor q, Tensor k, Tensor v, Tensor? k_scale, Tensor? v_scale, Tensor mask, "
+            "float scale, int isa) -> (Tensor, Tensor)")
+torch.library.register_fake(
+    "regionkv::attend", lambda q, k, v, k_scale, v_scale, mask, scale, isa: (
+        q.new_empty(q.shape, dtype=torch.float32), q.new_empty(q.shape[:-1],
+                                                                dtype=torch.float32)), lib=_LIB)
 torch.library.register_fake(
     "regionkv::gemv", lambda x, w, isa: x.new_empty(*x.shape[:-1], w.shape[0]), lib=_LIB)
 torch.library.register_fake(
@@ -52,6 +59,9 @@ PORTABLE, AVX2, AVX512_BF16 = 0, 1, 2  # the kernels of decode.cpp
 # Which parts of a compiled step call them (False keeps Inductor's reductions: probes, A/B).
 LINEARS = True
 ATTENTION = True
+# Whether attention without probabilities takes `attend` (scores, softmax and mix in one call)
+# over the stretches ATTENTION serves; False: scores and mix apart, the softmax Inductor's.
+FUSED = True
 # Attention takes the kernels over stretches of at least this many slots: below, a call's fixed
 # cost (~10 µs) outweighs the faster reads, and Inductor's reductions, fused into the block's
 # loops, are as fast (a 256-slot budget: 12.61 against 12.75 ms a step, with an INT8 middle
@@ -147,3 +157,15 @@ def scores8(q: Tensor, words: Tensor, scale: Tensor, kernel: int | None = None) 
 def mix8(p: Tensor, words: Tensor, scale: Tensor, kernel: int | None = None) -> Tensor:
     """p [B, H, M, S] float32 @ the INT8 values (words, scale as in scores8) -> [B, H, M, D]."""
     return torch.ops.regionkv.mix8(p, words, scale, KERNEL if kernel is None else kernel)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float,
+           k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+           kernel: int | None = None) -> tuple[Tensor, Tensor]:
+    """softmax(q . k * scale where mask, else -inf) @ v in one call, q [B, H, M, D] over one
+    stretch k, v [B, H, S, D] (float32 or bfloat16; INT8 words with k_scale / v_scale as in
+    scores8), mask bool [B|1, H|1, T, S] (row m of q reads mask row m % T) -> y [B, H, M, D]
+    float32 and lse [B, H, M], the log of each row's sum of exp(scaled score) (-inf where the
+    mask holds nowhere; y 0 there), with which stretches combine."""
+    return torch.ops.regionkv.attend(q, k, v, k_scale, v_scale, mask, scale,
+                                     KERNEL if kernel is None else kernel)

@@ -5,6 +5,8 @@
 //   regionkv::mix(p, v, isa)       p @ v: attention's weights over a stretch of cached values
 //   regionkv::scores8 / mix8        the same over an INT8 stretch (codes four to a word, per-slot
 //                                   scales: quantize/kv.py), its scale applied as it is read
+//   regionkv::attend(q, k, v, ...)  softmax(q . k * scale, masked) @ v over a stretch in one
+//                                   call (float32, bfloat16 or INT8), and each row's log-sum-exp
 //
 // A decode step reads every weight once for one row: memory bound, ~1 FLOP a byte. Each thread
 // streams one contiguous band of W's rows, four rows at a time (four accumulators in flight, x
@@ -26,6 +28,9 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
+#include <tuple>
 #include <vector>
 
 #include <immintrin.h>
@@ -258,14 +263,15 @@ inline __attribute__((always_inline)) void prefetch_row(const void* row, int64_t
 // byte order, the query permuted into it going in and the mixed values permuted out of it at
 // the end, and scale each slot's sums once.
 // A reader: row(s), slot s's row; from(c), the same stretch from column c (a pass over part of
-// the rows); at(r, d), column d of a row in float32; scale(s), what slot s's products are
-// multiplied by; kElem, bytes an element.
+// the rows); skip(s), the stretch from slot s (a block of it); at(r, d), column d of a row in
+// float32; scale(s), what slot s's products are multiplied by; kElem, bytes an element.
 template <class T>
 struct Rows {
   static constexpr int64_t kElem = sizeof(T);
   Stretch k;
   const T* row(int64_t s) const { return static_cast<const T*>(k.p) + s * k.ss; }
   Rows from(int64_t c) const { return {{row(0) + c, k.ss}}; }
+  Rows skip(int64_t s) const { return {{row(s), k.ss}}; }
   static float at(const T* r, int64_t d) { return widen(r[d]); }
   static float scale(int64_t) { return 1.f; }
 };
@@ -275,6 +281,9 @@ struct Codes {
   Stretch w, sc;  // w.ss counts 4-byte words
   const int8_t* row(int64_t s) const { return static_cast<const int8_t*>(w.p) + 4 * s * w.ss; }
   Codes from(int64_t c) const { return {{row(0) + c, w.ss}, sc}; }
+  Codes skip(int64_t s) const {
+    return {{row(s), w.ss}, {static_cast<const float*>(sc.p) + s * sc.ss, sc.ss}};
+  }
   static float at(const int8_t* r, int64_t d) { return r[d]; }
   float scale(int64_t s) const { return static_cast<const float*>(sc.p)[s * sc.ss]; }
 };
@@ -312,6 +321,21 @@ void mix_portable(const float* p, K v, float* acc, int64_t M, int64_t S, int64_t
       const float w = p[m * S + s] * v.scale(s);
       for (int64_t d = 0; d < D; ++d) acc[m * D + d] += w * K::at(r, d);
     }
+  }
+}
+
+// weigh (the attend op's weights over a block; kernels/attention.h) one slot at a time.
+void weigh_portable(float* s, const uint8_t* mask, int64_t mt, int64_t T, int64_t M, int64_t n,
+                    float scale, float* mx, float* l) {
+  for (int64_t m = 0; m < M; ++m) {
+    float* x = s + m * n;
+    const uint8_t* keep = mask + m % T * mt;
+    float t = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) t = std::max(t, x[i] = keep[i] ? x[i] * scale : -INFINITY);
+    float total = 0.f;
+    for (int64_t i = 0; i < n; ++i) total += x[i] = t == -INFINITY ? 0.f : std::exp(x[i] - t);
+    mx[m] = t;
+    l[m] = total;
   }
 }
 
@@ -502,6 +526,13 @@ void mix_with(int64_t kernel, const float* p, K v, float* acc, int64_t M, int64_
   else avx512::mix(p, v, acc, M, S, D, s0, s1);
 }
 
+void weigh_with(int64_t kernel, float* s, const uint8_t* mask, int64_t mt, int64_t T, int64_t M,
+                int64_t n, float scale, float* mx, float* l) {
+  if (kernel == 0) weigh_portable(s, mask, mt, T, M, n, scale, mx, l);
+  else if (kernel == 1) avx2::weigh(s, mask, mt, T, M, n, scale, mx, l);
+  else avx512::weigh(s, mask, mt, T, M, n, scale, mx, l);
+}
+
 // Which kernel a tensor's dtype takes: AVX-512 BF16 only for bfloat16 (scores); else AVX2's.
 inline int64_t for_dtype(int64_t isa, at::ScalarType t) {
   return isa == 2 && t != at::kBFloat16 ? 1 : isa;
@@ -605,16 +636,23 @@ void check_codes(const char* op, const at::Tensor& a, const at::Tensor& w,
   TORCH_CHECK(cpu_has(isa), "regionkv::", op, ": kernel ", isa, " does not run here");
 }
 
+// A query [B, H, M, D] in float32, each row in byte order (an INT8 stretch's, above).
+std::vector<float> in_byte_order(const at::Tensor& q) {
+  const at::Tensor qf = q.to(at::kFloat).contiguous();
+  const int64_t D = q.size(3), rows = qf.numel() / D;
+  std::vector<float> qb(rows * D);
+  const float* qp = qf.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < D; ++d) qb[r * D + byte_of(d, D)] = qp[r * D + d];
+  return qb;
+}
+
 at::Tensor scores8(const at::Tensor& q, const at::Tensor& w, const at::Tensor& scale,
                    int64_t isa) {
   check_codes("scores8", q, w, scale, isa);
   const int64_t BH = q.size(0) * q.size(1), M = q.size(2), S = w.size(2), D = q.size(3);
   TORCH_CHECK(w.size(3) * 4 == D, "regionkv::scores8: ", w.size(3), " words for a head of ", D);
-  at::Tensor qf = q.to(at::kFloat).contiguous();  // into byte order
-  std::vector<float> qb(BH * M * D);
-  const float* qp = qf.data_ptr<float>();
-  for (int64_t r = 0; r < BH * M; ++r)
-    for (int64_t d = 0; d < D; ++d) qb[r * D + byte_of(d, D)] = qp[r * D + d];
+  const std::vector<float> qb = in_byte_order(q);
   at::Tensor out = at::empty({q.size(0), q.size(1), M, S}, q.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   pieces(BH, S, [&](int64_t bh, int64_t, int64_t s0, int64_t s1) {
@@ -658,6 +696,137 @@ at::Tensor mix8(const at::Tensor& p, const at::Tensor& w, const at::Tensor& scal
   return out;
 }
 
+
+// ---- attend: softmax(q . k * scale, masked) @ v over one stretch, one call -------------------
+// Each (b, h, block) piece scores its block's slots for the M rows into a buffer of its own,
+// weighs them (the block's max, exp, sum: weigh) and mixes the values by the weights; then the
+// blocks of each (b, h) combine as in flash-decoding: no [M, S] scores or probabilities leave
+// the call, and the mask, the scale and the exp are taken in the pass that scored the block.
+constexpr int64_t kMaxRows = 32;  // the rows a piece's score buffer holds (a step has <= 16)
+
+// A block's scores into out [M, n]: AVX-512 BF16 takes the bfloat16 query (qh), the other loops
+// the float32 one (qf; an INT8 stretch's in byte order).
+void block_scores(int64_t isa, const float* qf, const bf16*, Rows<float> k, float* out,
+                  int64_t M, int64_t n, int64_t D) {
+  scores_with(for_dtype(isa, at::kFloat), qf, k, out, M, n, D, 0, n);
+}
+void block_scores(int64_t isa, const float* qf, const bf16* qh, Rows<bf16> k, float* out,
+                  int64_t M, int64_t n, int64_t D) {
+  if (isa == 2) scores_avx512bf16(qh, k.k, out, M, n, D, 0, n);
+  else scores_with(isa, qf, k, out, M, n, D, 0, n);
+}
+void block_scores(int64_t isa, const float* qf, const bf16*, Codes k, float* out, int64_t M,
+                  int64_t n, int64_t D) {
+  if (isa == 2) avx512::scores(qf, k, out, M, n, D, 0, n);
+  else scores_with(isa, qf, k, out, M, n, D, 0, n);
+}
+
+// Every piece's block: its weighted values acc [M, D], and mx, l [M] (weigh's), at piece i =
+// bh * blocks + block. keys(bh) / values(bh): the readers of (b, h)'s stretch.
+template <class Keys, class Values>
+void attend_blocks(int64_t isa, const float* qf, const bf16* qh, Keys keys, Values values,
+                   const at::Tensor& mask, int64_t H, int64_t BH, int64_t M, int64_t S, int64_t D,
+                   float scale, float* acc, float* mx, float* l) {
+  const int64_t blocks = blocks_of(S), T = mask.size(2), mt = mask.stride(2);
+  const int64_t mb = mask.size(0) == 1 ? 0 : mask.stride(0);
+  const int64_t mh = mask.size(1) == 1 ? 0 : mask.stride(1);
+  const uint8_t* mp = reinterpret_cast<const uint8_t*>(mask.data_ptr<bool>());
+  pieces(BH, S, [&](int64_t bh, int64_t block, int64_t s0, int64_t s1) {
+    const int64_t i = bh * blocks + block, n = s1 - s0;
+    float sb[kMaxRows * kSlots];
+    block_scores(isa, qf + bh * M * D, qh ? qh + bh * M * D : nullptr, keys(bh).skip(s0), sb,
+                 M, n, D);
+    weigh_with(isa, sb, mp + bh / H * mb + bh % H * mh + s0, mt, T, M, n, scale, mx + i * M,
+               l + i * M);
+    mix_with(isa, sb, values(bh).skip(s0), acc + i * M * D, M, n, D, 0, n);
+  });
+}
+
+// The blocks of each row combined: y = sum_b w_b acc_b / sum_b w_b l_b with w_b = exp(mx_b -
+// max_b mx_b); lse = log of the row's sum of exp(scaled score). byte_order: the values were
+// INT8, their sums in byte order.
+void combine(const float* acc, const float* mx, const float* l, int64_t rows, int64_t M,
+             int64_t blocks, int64_t D, bool byte_order, float* y, float* lse) {
+  std::vector<float> sum(D);
+  for (int64_t r = 0; r < rows; ++r) {  // a few thousand floats a layer: one thread
+    const int64_t first = r / M * blocks * M + r % M;  // row r of its (b, h)'s first block
+    float top = -INFINITY;
+    for (int64_t b = 0; b < blocks; ++b) top = std::max(top, mx[first + b * M]);
+    std::fill(sum.begin(), sum.end(), 0.f);
+    float total = 0.f;
+    for (int64_t b = 0; b < blocks && top > -INFINITY; ++b) {
+      const int64_t i = first + b * M;
+      if (l[i] == 0.f) continue;
+      const float w = std::exp(mx[i] - top);
+      total += w * l[i];
+      for (int64_t d = 0; d < D; ++d) sum[d] += w * acc[i * D + d];
+    }
+    for (int64_t d = 0; d < D; ++d)
+      y[r * D + d] = total > 0.f ? sum[byte_order ? byte_of(d, D) : d] / total : 0.f;
+    lse[r] = total > 0.f ? top + std::log(total) : -INFINITY;
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v,
+                                          const std::optional<at::Tensor>& k_scale,
+                                          const std::optional<at::Tensor>& v_scale,
+                                          const at::Tensor& mask, double scale, int64_t isa) {
+  const bool int8 = k_scale.has_value();
+  TORCH_CHECK(int8 == v_scale.has_value(),
+              "regionkv::attend: keys and values must be both INT8 or both float");
+  if (int8) {
+    check_codes("attend", q, k, *k_scale, isa);
+    check_codes("attend", q, v, *v_scale, isa);
+  } else {
+    check_stretch("attend", q, k, isa);
+    check_stretch("attend", q, v, isa);
+  }
+  const int64_t B = q.size(0), H = q.size(1), M = q.size(2), D = q.size(3), S = k.size(2);
+  const int64_t width = int8 ? 4 * k.size(3) : k.size(3);
+  TORCH_CHECK(k.scalar_type() == v.scalar_type() && width == D && v.size(3) == k.size(3) &&
+              v.size(2) == S, "regionkv::attend: q [B, H, M, D], k and v [B, H, S, D] of one "
+              "dtype expected, got ", q.sizes(), ", ", k.sizes(), " and ", v.sizes());
+  TORCH_CHECK(M <= kMaxRows, "regionkv::attend: at most ", kMaxRows, " rows, got ", M);
+  TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 4 &&
+              (mask.size(0) == B || mask.size(0) == 1) &&
+              (mask.size(1) == H || mask.size(1) == 1) && mask.size(2) > 0 &&
+              M % mask.size(2) == 0 && mask.size(3) == S,
+              "regionkv::attend: mask must be bool [B|1, H|1, T, S], row m of q reading row "
+              "m % T, got ", mask.sizes());
+  const at::Tensor mk = mask.stride(3) == 1 ? mask : mask.contiguous();
+  const int64_t BH = B * H, blocks = blocks_of(S);
+  std::vector<float> acc(BH * blocks * M * D), mx(BH * blocks * M), l(BH * blocks * M);
+  const float sc = static_cast<float>(scale);
+  auto run = [&](const float* qf, const bf16* qh, auto keys, auto values) {
+    attend_blocks(isa, qf, qh, keys, values, mk, H, BH, M, S, D, sc, acc.data(), mx.data(),
+                  l.data());
+  };
+  if (int8) {
+    const std::vector<float> qb = in_byte_order(q);
+    run(qb.data(), nullptr,
+        [&](int64_t bh) { return Codes{stretch(k, bh, 4), stretch(*k_scale, bh, 4)}; },
+        [&](int64_t bh) { return Codes{stretch(v, bh, 4), stretch(*v_scale, bh, 4)}; });
+  } else {
+    const at::Tensor qf = q.to(at::kFloat).contiguous();
+    const int64_t elem = k.element_size();
+    if (k.scalar_type() == at::kFloat) {
+      run(qf.data_ptr<float>(), nullptr,
+          [&](int64_t bh) { return Rows<float>{stretch(k, bh, elem)}; },
+          [&](int64_t bh) { return Rows<float>{stretch(v, bh, elem)}; });
+    } else {
+      const at::Tensor qh = q.to(at::kBFloat16).contiguous();
+      run(qf.data_ptr<float>(), qh.data_ptr<bf16>(),
+          [&](int64_t bh) { return Rows<bf16>{stretch(k, bh, elem)}; },
+          [&](int64_t bh) { return Rows<bf16>{stretch(v, bh, elem)}; });
+    }
+  }
+  at::Tensor y = at::empty({B, H, M, D}, q.options().dtype(at::kFloat));
+  at::Tensor lse = at::empty({B, H, M}, q.options().dtype(at::kFloat));
+  combine(acc.data(), mx.data(), l.data(), BH * M, M, blocks, D, int8, y.data_ptr<float>(),
+          lse.data_ptr<float>());
+  return {y, lse};
+}
 }  // namespace
 
 TORCH_LIBRARY_IMPL(regionkv, CPU, m) {
@@ -666,4 +835,5 @@ TORCH_LIBRARY_IMPL(regionkv, CPU, m) {
   m.impl("gemv", gemv);
   m.impl("scores", scores);
   m.impl("mix", mix);
+  m.impl("attend", attend);
 }

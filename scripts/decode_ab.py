@@ -49,6 +49,9 @@ sees the machine in the same state:
                   step's Python wrapper, per layer)
     allslots      the engine's step with the attention kernels over every stretch, however
                   short (kernels.ATTEND_SLOTS = 0; section 6zj: a 256-slot budget on AVX2)
+    unfused       the engine's step with a long stretch's scores and mix as kernels of their
+                  own and the softmax Inductor's between them, not one call of kernels.attend
+                  (kernels.FUSED = False; the step before section 6zk)
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
@@ -73,7 +76,7 @@ from engine.default_model import resolve_checkpoint  # noqa: E402
 
 VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize", "headout", "unstored",
             "customop", "onednn", "unrolled", "cppwrap", "frozen", "frozeninline",
-            "reductions", "attnreduce", "before6zd", "pwcat", "allslots")
+            "reductions", "attnreduce", "before6zd", "pwcat", "allslots", "unfused")
 
 
 @torch.library.custom_op("decode_ab::stored", mutates_args=())
@@ -116,6 +119,7 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     reductions, attnreduce, before6zd = own_step_graph(), own_step_graph(), own_step_graph()
     pwcat = own_step_graph({**G.STEP_OPTIONS, "force_pointwise_cat": True})
     allslots, engine_slots = own_step_graph(), kernels.ATTEND_SLOTS
+    unfused = own_step_graph()
     unrolled, cppwrap = own_step_graph(), own_step_graph({**G.STEP_OPTIONS, "cpp_wrapper": True})
     frozen = G.baked_step(model)  # --bake_weights
     inline = torch.compile(run_all_inline, fullgraph=True, dynamic=False,
@@ -137,6 +141,7 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
         kernels.LINEARS = variant not in ("reductions", "before6zd")
         kernels.ATTENTION = variant not in ("attnreduce", "before6zd")
         kernels.ATTEND_SLOTS = 0 if variant == "allslots" else engine_slots
+        kernels.FUSED = variant != "unfused"
         if variant == "before6zd" and dense._AMX and model.dtype == torch.bfloat16 and \
                 model.layers[0].attention.wqkv.onednn:
             dense.streamed = lambda x: False  # oneDNN's bfloat16 linears, as then
@@ -148,7 +153,7 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
                             "frozeninline": frozeninline,
                             "reductions": reductions, "attnreduce": attnreduce,
                             "before6zd": before6zd, "pwcat": pwcat,
-                            "allslots": allslots}.get(variant, graph)
+                            "allslots": allslots, "unfused": unfused}.get(variant, graph)
         model.block_step = {"regional": regional, "unrolled": G.run_block,
                             "cppwrap": G.run_block}.get(variant, nested)
 

@@ -395,6 +395,49 @@ def test_every_attention_kernel_reads_strided_stretches_exactly(dtype):
         kernels.mix(p[0], v)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_attend_kernel_is_masked_softmax_attention_over_a_stretch(dtype):
+    """kernels.attend (a compiled CPU step's attention over a long stretch, without
+    probabilities): softmax(q.k * scale, masked) @ v and each row's log-sum-exp, over float or
+    INT8 keys and values, for masks of one row or one per query token (row m reads m % T), whole
+    blocks of slots masked, a row with nothing to attend (y 0, lse -inf), by every kernel this
+    CPU has, against float64; bad input is a clear error."""
+    import math
+
+    import kernels
+    from quantize.kv import dequantize_words, quantize_words, split_words
+    assert kernels.available()
+    g = torch.Generator().manual_seed(0)
+    for b, h, m, t, s, d in [(1, 3, 9, 1, 1030, 64), (2, 2, 4, 2, 300, 40), (1, 1, 16, 1, 5, 128),
+                             (1, 2, 6, 3, 129, 36), (1, 2, 3, 1, 0, 64)]:
+        q = torch.randn(b, h, m, d, generator=g).to(dtype)
+        mask = torch.rand(b, 1, t, s, generator=g) > 0.3
+        mask[..., 128:256] = False  # a block with nothing to attend
+        mask[0, 0, 0, :] = False  # rows 0, t, 2t, ... of the first (b, h): nothing at all
+        kf, vf = (torch.randn(b, h, s + 5, d, generator=g)[:, :, 2:2 + s] for _ in "kv")
+        stored = [(kf.to(dtype), vf.to(dtype), None, None, kf.to(dtype).double(),
+                   vf.to(dtype).double())]
+        if d % 4 == 0:  # INT8 words in a cache's rows, then the scale (quantize/kv.py)
+            kr, vr = quantize_words(kf), quantize_words(vf)
+            (kw, ks), (vw, vs) = split_words(kr), split_words(vr)
+            stored.append((kw, vw, ks, vs, dequantize_words(kr).double(),
+                           dequantize_words(vr).double()))
+        rows = mask[:, :, torch.arange(m) % t]
+        for k, v, ks, vs, k64, v64 in stored:
+            x = (q.double() @ k64.transpose(-1, -2) / math.sqrt(d)).masked_fill(~rows, -math.inf)
+            want_lse = torch.logsumexp(x, dim=-1)
+            want = (torch.softmax(x, dim=-1) @ v64).nan_to_num(0.0)
+            for kernel in range(kernels.KERNEL + 1):
+                y, lse = kernels.attend(q, k, v, mask, 1 / math.sqrt(d), ks, vs, kernel)
+                assert y.dtype == lse.dtype == torch.float32 and y.shape == q.shape
+                torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(lse.double(), want_lse, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="mask must be bool"):
+        kernels.attend(q, k, v, mask.float(), 1.0, ks, vs)
+    with pytest.raises(RuntimeError, match="both INT8 or both float"):
+        kernels.attend(q, k, v, mask, 1.0, ks, None)
+
+
 def attend_compiled_and_eager(q, segs, mask, need_probs: bool):
     """model.attend over (q, segs, mask) compiled whole, its graph recorded and run eagerly,
     and plain eager -> ((y, probs) compiled, (y, probs) eager, the graph's node targets as
@@ -417,8 +460,9 @@ def attend_compiled_and_eager(q, segs, mask, need_probs: bool):
 def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
     """A compiled few-row CPU step reads each float stretch of ATTEND_SLOTS slots or more
     through kernels.scores and kernels.mix, each such INT8 one through kernels.scores8 and
-    kernels.mix8, with the same output and probabilities as eager; a shorter stretch, and
-    kernels.ATTENTION = False, keep Inductor's reductions."""
+    kernels.mix8, with the same output and probabilities as eager, or, when no probabilities
+    are wanted, through kernels.attend; a shorter stretch, and kernels.ATTENTION = False, keep
+    Inductor's reductions."""
     import kernels
     import model as M
     from quantize.kv import pack
@@ -441,6 +485,13 @@ def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
              if t.startswith(("regionkv.scores", "regionkv.mix"))]
     assert sorted(calls) == (["mix", "mix", "mix8", "scores", "scores", "scores8"] if on else []), \
         ops
+    # Without probabilities each long stretch is one call of the attend kernel, the short one
+    # the block's loops, combined by their log-sum-exps.
+    (got, _), (want, _), ops = attend_compiled_and_eager(q, segs, mask, False)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    calls = [t.removeprefix("regionkv.").removesuffix(".default") for t in ops
+             if t.startswith(("regionkv.attend", "regionkv.scores", "regionkv.mix"))]
+    assert calls == (["attend"] * 3 if on else []), ops
     torch._dynamo.reset()
 
 
