@@ -266,7 +266,11 @@ class KVSegment(NamedTuple):
         """The stretch in the model dtype: INT8 codes times their scales, rounded once (what a
         cache in that dtype would hold)."""
         def side(x, scale):
-            return x if scale is None else widen(x, scale, dtype)
+            if scale is None:
+                return x
+            if torch.compiler.is_compiling() and kernels.serve_widen(x):
+                return kernels.widen8(x, scale, dtype)
+            return widen(x, scale, dtype)
         return KVSegment(side(self.k, self.k_scale), side(self.v, self.v_scale))
 
     def mix(self, probs: Tensor) -> Tensor:

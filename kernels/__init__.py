@@ -4,6 +4,7 @@
     scores(q, k)     # q @ k^T in float32: a few query rows [B, H, M, D] over cached keys
     mix(p, v)        # p @ v in float32: attention's weights [B, H, M, S] over cached values
     attend(q, k, v, mask, scale)  # softmax(q . k * scale, masked) @ v and its log-sum-exp
+    widen8(words, scale, dtype)   # an INT8 stretch as values (a prompt chunk's fused attention)
     available()      # whether this machine built and runs them (built once, then cached)
 
 A compiled CPU decode step reads each weight once for one row. oneDNN's inner product pays a
@@ -41,6 +42,10 @@ torch.library.register_fake(
     "regionkv::attend", lambda q, k, v, k_scale, v_scale, mask, scale, isa: (
         q.new_empty(q.shape, dtype=torch.float32), q.new_empty(q.shape[:-1],
                                                                 dtype=torch.float32)), lib=_LIB)
+_LIB.define("widen8(Tensor words, Tensor scale, ScalarType dtype, int isa) -> Tensor")
+torch.library.register_fake(
+    "regionkv::widen8", lambda words, scale, dtype, isa: words.new_empty(
+        *words.shape[:-1], 4 * words.shape[-1], dtype=dtype), lib=_LIB)
 torch.library.register_fake(
     "regionkv::gemv", lambda x, w, isa: x.new_empty(*x.shape[:-1], w.shape[0]), lib=_LIB)
 torch.library.register_fake(
@@ -133,6 +138,12 @@ def serve_attention(kv: Tensor) -> bool:
         kv.dtype in (torch.float32, torch.bfloat16, torch.int32) and available()
 
 
+def serve_widen(words: Tensor) -> bool:
+    """Whether a compiled CPU step widens this INT8 stretch with widen8 (Inductor's loop reads
+    float words through the stack where its output is bfloat16, and splits by head only)."""
+    return words.device.type == "cpu" and words.stride(-1) == 1 and available()
+
+
 def gemv(x: Tensor, w: Tensor, kernel: int | None = None) -> Tensor:
     """x @ w.T in x's dtype (float32 sums), x of 1 or 2 rows; available() must be True."""
     return torch.ops.regionkv.gemv(x, w, KERNEL if kernel is None else kernel)
@@ -169,3 +180,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float,
     mask holds nowhere; y 0 there), with which stretches combine."""
     return torch.ops.regionkv.attend(q, k, v, k_scale, v_scale, mask, scale,
                                      KERNEL if kernel is None else kernel)
+
+
+def widen8(words: Tensor, scale: Tensor, dtype: torch.dtype,
+           kernel: int | None = None) -> Tensor:
+    """An INT8 stretch (words [B, H, S, D/4], scale [B, H, S, 1] as in scores8) -> its values
+    [B, H, S, D] in dtype (float32 or bfloat16): quantize.kv.widen, one call."""
+    return torch.ops.regionkv.widen8(words, scale, dtype, KERNEL if kernel is None else kernel)

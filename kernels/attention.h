@@ -122,3 +122,9 @@ void weigh(float* s, const uint8_t* mask, int64_t mt, int64_t T, int64_t M, int6
     l[m] = total;
   }
 }
+
+// widen_rows (kernels/decode.cpp) compiled for the target.
+template <class T>
+void widen(Codes w, T* out, int64_t D, int64_t s0, int64_t s1) {
+  widen_rows(w, out, D, s0, s1);
+}

@@ -37,6 +37,7 @@
 
 namespace {
 
+#define REGIONKV_INLINE inline __attribute__((always_inline))  // takes its caller's target
 using bf16 = c10::BFloat16;
 constexpr int64_t kRows = 4;             // W rows a pass
 constexpr int64_t kAheadBytes = 8192;    // prefetch distance along a band
@@ -324,6 +325,31 @@ void mix_portable(const float* p, K v, float* acc, int64_t M, int64_t S, int64_t
   }
 }
 
+// An INT8 stretch's rows [s0, s1) as values in T (float32, bfloat16): out[s, i * D/4 + j] =
+// byte i of word j times the slot's scale, bfloat16 rounded to nearest even. Plain loops over
+// the words, which GCC vectorizes for the target of the function it is inlined into (widen).
+template <class T>
+REGIONKV_INLINE void widen_rows(Codes w, T* out, int64_t D, int64_t s0, int64_t s1) {
+  const int64_t Q = D / 4;
+  for (int64_t s = s0; s < s1; ++s) {
+    const int32_t* x = reinterpret_cast<const int32_t*>(w.row(s));
+    const float scale = w.scale(s);
+    T* o = out + s * D;
+    for (int i = 0; i < 4; ++i)
+      for (int64_t j = 0; j < Q; ++j) {
+        const float v = static_cast<float>((x[j] << (24 - 8 * i)) >> 24) * scale;
+        if constexpr (sizeof(T) == 4) {
+          o[i * Q + j] = v;
+        } else {
+          uint32_t b;
+          __builtin_memcpy(&b, &v, 4);
+          const uint16_t h = static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+          __builtin_memcpy(o + i * Q + j, &h, 2);
+        }
+      }
+  }
+}
+
 // weigh (the attend op's weights over a block; kernels/attention.h) one slot at a time.
 void weigh_portable(float* s, const uint8_t* mask, int64_t mt, int64_t T, int64_t M, int64_t n,
                     float scale, float* mx, float* l) {
@@ -364,7 +390,6 @@ void scores_avx512bf16(const bf16* q, Stretch k, float* out, int64_t M, int64_t 
 typedef float f8 __attribute__((vector_size(32)));
 typedef float f16 __attribute__((vector_size(64)));
 
-#define REGIONKV_INLINE inline __attribute__((always_inline))  // takes its caller's target
 
 // The vector loops, compiled once per target: each namespace defines F (the float vector), L
 // (its lanes), lanes(p) for bfloat16 values and INT8 codes (L of them widened to float32 by the
@@ -827,6 +852,37 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& q, const at::Tensor&
           lse.data_ptr<float>());
   return {y, lse};
 }
+
+// ---- widen8: an INT8 stretch as values, for a prompt chunk's fused attention ----------------
+// Inductor's loop for it reads float words as int32 through the stack where it vectorizes for
+// a bfloat16 output (16 lanes on AVX2), and splits the work by head only.
+at::Tensor widen8(const at::Tensor& w, const at::Tensor& scale, at::ScalarType dtype,
+                  int64_t isa) {
+  check_codes("widen8", w, w, scale, isa);
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              "regionkv::widen8: values in float32 or bfloat16, not ", dtype);
+  const int64_t H = w.size(1), S = w.size(2), D = 4 * w.size(3), BH = w.size(0) * H;
+  at::Tensor out = at::empty({w.size(0), H, S, D}, w.options().dtype(dtype));
+  at::parallel_for(0, BH * S, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1;) {  // rows of one (b, h) at a time
+      const int64_t bh = r / S, s0 = r % S, s1 = std::min(S, s0 + r1 - r);
+      const Codes c{stretch(w, bh, 4), stretch(scale, bh, 4)};
+      if (dtype == at::kFloat) {
+        float* o = out.data_ptr<float>() + bh * S * D;
+        if (isa == 0) widen_rows(c, o, D, s0, s1);
+        else if (isa == 1) avx2::widen(c, o, D, s0, s1);
+        else avx512::widen(c, o, D, s0, s1);
+      } else {
+        bf16* o = out.data_ptr<bf16>() + bh * S * D;
+        if (isa == 0) widen_rows(c, o, D, s0, s1);
+        else if (isa == 1) avx2::widen(c, o, D, s0, s1);
+        else avx512::widen(c, o, D, s0, s1);
+      }
+      r += s1 - s0;
+    }
+  });
+  return out;
+}
 }  // namespace
 
 TORCH_LIBRARY_IMPL(regionkv, CPU, m) {
@@ -836,4 +892,5 @@ TORCH_LIBRARY_IMPL(regionkv, CPU, m) {
   m.impl("scores", scores);
   m.impl("mix", mix);
   m.impl("attend", attend);
+  m.impl("widen8", widen8);
 }
