@@ -502,7 +502,8 @@ def test_a_compiled_prompt_chunk_reads_int8_by_a_widened_copy_or_matmuls(need_pr
     once per row (a 4k prompt of `quantized` took 33 s that way). Without probabilities the
     stretches are widened to the model dtype once and go through fused SDPA; with them, a
     matmul over the codes. Either way: the values of attention over the dequantized slots
-    (computed here in float32), and eager's."""
+    (computed here in float32), and eager's. The widened copy is kernels.widen8's, equal bit
+    for bit to quantize.kv.widen for every kernel this CPU has."""
     import kernels
     import model as M
     from quantize.kv import pack
@@ -520,7 +521,14 @@ def test_a_compiled_prompt_chunk_reads_int8_by_a_widened_copy_or_matmuls(need_pr
     assert (probs is not None) == need_probs
     assert not [t for t in ops if t.startswith(("regionkv.scores", "regionkv.mix"))]
     assert any("scaled_dot_product" in t for t in ops) != need_probs, ops
+    # the widened copy by the kernel (Inductor's loop reads float words through the stack)
+    assert ("regionkv.widen8.default" in ops) != need_probs, ops
     # The reference: every slot dequantized in float32, attention by its definition.
+    from quantize.kv import widen
+    for dtype in (torch.float32, torch.bfloat16):
+        for kernel in range(kernels.KERNEL + 1):
+            assert torch.equal(kernels.widen8(pack(c)[:, :, 7:], scale[:, :, 7:], dtype, kernel),
+                               widen(pack(c)[:, :, 7:], scale[:, :, 7:], dtype))
     k = torch.cat([kv.float(), c.float() * scale], dim=2)
     s = (q.float().view(1, 2, 2 * 32, 64) @ k.transpose(-1, -2)) / 8
     p = torch.softmax(s.masked_fill(~mask.repeat(1, 1, 2, 1), float("-inf")), dim=-1)
