@@ -522,7 +522,7 @@ def test_a_compiled_prompt_chunk_reads_int8_by_a_widened_copy_or_matmuls(need_pr
     assert not [t for t in ops if t.startswith(("regionkv.scores", "regionkv.mix"))]
     assert any("scaled_dot_product" in t for t in ops) != need_probs, ops
     # the widened copy by the kernel (Inductor's loop reads float words through the stack)
-    assert ("regionkv.widen8.default" in ops) != need_probs, ops
+    assert any(t.startswith("regionkv.widen8") for t in ops) != need_probs, ops
     # The reference: every slot dequantized in float32, attention by its definition.
     from quantize.kv import widen
     for dtype in (torch.float32, torch.bfloat16):
