@@ -16,12 +16,12 @@ k, v = (torch.randn(1, 3, S, 64).to(dt) for _ in "kv")
 qg = q9.reshape(1, 3, 384, 64)  # 3 query heads a KV head folded into the rows
 m = torch.rand(1, 1, 128, S) > 0.01
 mg = m.unsqueeze(2).expand(1, 1, 3, 128, S).flatten(2, 3)
-additive = torch.zeros(1, 1, 384, S, dtype=dt).masked_fill(~mg, float("-inf"))
 cases = {
     "folded+mask": lambda: F.scaled_dot_product_attention(qg, k, v, attn_mask=mg),
     "gqa+mask": lambda: F.scaled_dot_product_attention(q9, k, v, attn_mask=m, enable_gqa=True),
     "folded nomask": lambda: F.scaled_dot_product_attention(qg, k, v),
-    "folded floatmask": lambda: F.scaled_dot_product_attention(qg, k, v, attn_mask=additive),
+    "folded floatmask": lambda: F.scaled_dot_product_attention(  # the mask built in the call
+        qg, k, v, attn_mask=torch.zeros(1, 1, 384, S, dtype=dt).masked_fill(~mg, -torch.inf)),
     "flash lse nomask":
         lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qg, k, v),
 }
