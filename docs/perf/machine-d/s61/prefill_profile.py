@@ -1,11 +1,12 @@
 """Probe (PERFORMANCE 6zk): where a compressing policy's compiled prompt spends its time.
 
-    PYTHONPATH=. python docs/perf/machine-d/s61/prefill_profile.py POLICY DTYPE CONTEXT
+    PYTHONPATH=. python docs/perf/machine-d/s61/prefill_profile.py POLICY DTYPE CONTEXT [nowiden8]
 
 One session as bench.py's first-token rows make it (budget 256, bulk prompt compression,
 prompt chunks of 128, compiled steps and prompt chunks) reads a CONTEXT-token prompt once to
 compile, then again under torch.profiler (Inductor's kernels as events of their own): prints
 the prompt's seconds and the events with the most self time, in ms for the whole prompt.
+nowiden8: INT8 stretches widened by Inductor's loop (quantize.kv.widen), not kernels.widen8.
 """
 import sys
 import time
@@ -20,6 +21,9 @@ from engine.cli import DTYPES
 from engine.default_model import resolve_checkpoint
 
 ic.cpp.enable_kernel_profile = True
+if sys.argv[4:] == ["nowiden8"]:
+    import kernels
+    kernels.serve_widen = lambda words: False
 policy, dtype, ctx = sys.argv[1], sys.argv[2], int(sys.argv[3])
 torch.set_num_threads(2)
 model = load_model(resolve_checkpoint(None), dtype=DTYPES[dtype])
