@@ -390,7 +390,6 @@ void scores_avx512bf16(const bf16* q, Stretch k, float* out, int64_t M, int64_t 
 typedef float f8 __attribute__((vector_size(32)));
 typedef float f16 __attribute__((vector_size(64)));
 
-
 // The vector loops, compiled once per target: each namespace defines F (the float vector), L
 // (its lanes), lanes(p) for bfloat16 values and INT8 codes (L of them widened to float32 by the
 // target's intrinsics), the rows and columns of a mix pass for head sizes 64 and 128
@@ -588,6 +587,24 @@ void pieces(int64_t BH, int64_t S, F&& f) {
   });
 }
 
+// Each reader's scores loop: AVX-512 BF16 multiplies bfloat16 keys by the bfloat16 query (qh),
+// and AVX-512 has its own INT8 loop; the rest take the float32 query (qf; an INT8 stretch's in
+// byte order) and AVX2's or the portable loop (float32 keys: AVX2's where AVX-512 is).
+void scores_of(int64_t isa, const float* qf, const bf16*, Rows<float> k, float* out, int64_t M,
+               int64_t S, int64_t D, int64_t s0, int64_t s1) {
+  scores_with(for_dtype(isa, at::kFloat), qf, k, out, M, S, D, s0, s1);
+}
+void scores_of(int64_t isa, const float* qf, const bf16* qh, Rows<bf16> k, float* out,
+               int64_t M, int64_t S, int64_t D, int64_t s0, int64_t s1) {
+  if (isa == 2) scores_avx512bf16(qh, k.k, out, M, S, D, s0, s1);
+  else scores_with(isa, qf, k, out, M, S, D, s0, s1);
+}
+void scores_of(int64_t isa, const float* qf, const bf16*, Codes k, float* out, int64_t M,
+               int64_t S, int64_t D, int64_t s0, int64_t s1) {
+  if (isa == 2) avx512::scores(qf, k, out, M, S, D, s0, s1);
+  else scores_with(isa, qf, k, out, M, S, D, s0, s1);
+}
+
 at::Tensor scores(const at::Tensor& q, const at::Tensor& k, int64_t isa) {
   check_stretch("scores", q, k, isa);
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.size(3) == k.size(3),
@@ -599,18 +616,17 @@ at::Tensor scores(const at::Tensor& q, const at::Tensor& k, int64_t isa) {
   at::Tensor out = at::empty({q.size(0), q.size(1), M, S}, q.options().dtype(at::kFloat));
   const int64_t elem = k.element_size();
   float* o = out.data_ptr<float>();
+  const float* qf = kernel == 2 ? nullptr : qc.data_ptr<float>();
+  const bf16* qh = kernel == 2 ? qc.data_ptr<bf16>() : nullptr;
   pieces(BH, S, [&](int64_t bh, int64_t, int64_t s0, int64_t s1) {
     Stretch ks = stretch(k, bh, elem);
     float* ob = o + bh * M * S;
-    if (kernel == 2) {
-      scores_avx512bf16(qc.data_ptr<bf16>() + bh * M * D, ks, ob, M, S, D, s0, s1);
-      return;
-    }
-    const float* qb = qc.data_ptr<float>() + bh * M * D;
+    const float* qfb = qf ? qf + bh * M * D : nullptr;
+    const bf16* qhb = qh ? qh + bh * M * D : nullptr;
     if (k.scalar_type() == at::kFloat)
-      scores_with(kernel, qb, Rows<float>{ks}, ob, M, S, D, s0, s1);
+      scores_of(isa, qfb, qhb, Rows<float>{ks}, ob, M, S, D, s0, s1);
     else
-      scores_with(kernel, qb, Rows<bf16>{ks}, ob, M, S, D, s0, s1);
+      scores_of(isa, qfb, qhb, Rows<bf16>{ks}, ob, M, S, D, s0, s1);
   });
   return out;
 }
@@ -684,8 +700,7 @@ at::Tensor scores8(const at::Tensor& q, const at::Tensor& w, const at::Tensor& s
     Stretch ws = stretch(w, bh, 4), ss = stretch(scale, bh, 4);
     const float* qm = qb.data() + bh * M * D;
     float* ob = o + bh * M * S;
-    if (isa == 2) avx512::scores(qm, Codes{ws, ss}, ob, M, S, D, s0, s1);
-    else scores_with(isa, qm, Codes{ws, ss}, ob, M, S, D, s0, s1);
+    scores_of(isa, qm, nullptr, Codes{ws, ss}, ob, M, S, D, s0, s1);
   });
   return out;
 }
@@ -721,30 +736,12 @@ at::Tensor mix8(const at::Tensor& p, const at::Tensor& w, const at::Tensor& scal
   return out;
 }
 
-
 // ---- attend: softmax(q . k * scale, masked) @ v over one stretch, one call -------------------
 // Each (b, h, block) piece scores its block's slots for the M rows into a buffer of its own,
 // weighs them (the block's max, exp, sum: weigh) and mixes the values by the weights; then the
 // blocks of each (b, h) combine as in flash-decoding: no [M, S] scores or probabilities leave
 // the call, and the mask, the scale and the exp are taken in the pass that scored the block.
 constexpr int64_t kMaxRows = 32;  // the rows a piece's score buffer holds (a step has <= 16)
-
-// A block's scores into out [M, n]: AVX-512 BF16 takes the bfloat16 query (qh), the other loops
-// the float32 one (qf; an INT8 stretch's in byte order).
-void block_scores(int64_t isa, const float* qf, const bf16*, Rows<float> k, float* out,
-                  int64_t M, int64_t n, int64_t D) {
-  scores_with(for_dtype(isa, at::kFloat), qf, k, out, M, n, D, 0, n);
-}
-void block_scores(int64_t isa, const float* qf, const bf16* qh, Rows<bf16> k, float* out,
-                  int64_t M, int64_t n, int64_t D) {
-  if (isa == 2) scores_avx512bf16(qh, k.k, out, M, n, D, 0, n);
-  else scores_with(isa, qf, k, out, M, n, D, 0, n);
-}
-void block_scores(int64_t isa, const float* qf, const bf16*, Codes k, float* out, int64_t M,
-                  int64_t n, int64_t D) {
-  if (isa == 2) avx512::scores(qf, k, out, M, n, D, 0, n);
-  else scores_with(isa, qf, k, out, M, n, D, 0, n);
-}
 
 // Every piece's block: its weighted values acc [M, D], and mx, l [M] (weigh's), at piece i =
 // bh * blocks + block. keys(bh) / values(bh): the readers of (b, h)'s stretch.
@@ -759,8 +756,8 @@ void attend_blocks(int64_t isa, const float* qf, const bf16* qh, Keys keys, Valu
   pieces(BH, S, [&](int64_t bh, int64_t block, int64_t s0, int64_t s1) {
     const int64_t i = bh * blocks + block, n = s1 - s0;
     float sb[kMaxRows * kSlots];
-    block_scores(isa, qf + bh * M * D, qh ? qh + bh * M * D : nullptr, keys(bh).skip(s0), sb,
-                 M, n, D);
+    scores_of(isa, qf ? qf + bh * M * D : nullptr, qh ? qh + bh * M * D : nullptr,
+              keys(bh).skip(s0), sb, M, n, D, 0, n);
     weigh_with(isa, sb, mp + bh / H * mb + bh % H * mh + s0, mt, T, M, n, scale, mx + i * M,
                l + i * M);
     mix_with(isa, sb, values(bh).skip(s0), acc + i * M * D, M, n, D, 0, n);
@@ -840,8 +837,8 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& q, const at::Tensor&
           [&](int64_t bh) { return Rows<float>{stretch(k, bh, elem)}; },
           [&](int64_t bh) { return Rows<float>{stretch(v, bh, elem)}; });
     } else {
-      const at::Tensor qh = q.to(at::kBFloat16).contiguous();
-      run(qf.data_ptr<float>(), qh.data_ptr<bf16>(),
+      const at::Tensor qh = isa == 2 ? q.to(at::kBFloat16).contiguous() : at::Tensor();
+      run(qf.data_ptr<float>(), isa == 2 ? qh.data_ptr<bf16>() : nullptr,
           [&](int64_t bh) { return Rows<bf16>{stretch(k, bh, elem)}; },
           [&](int64_t bh) { return Rows<bf16>{stretch(v, bh, elem)}; });
     }
@@ -867,22 +864,19 @@ at::Tensor widen8(const at::Tensor& w, const at::Tensor& scale, at::ScalarType d
     for (int64_t r = r0; r < r1;) {  // rows of one (b, h) at a time
       const int64_t bh = r / S, s0 = r % S, s1 = std::min(S, s0 + r1 - r);
       const Codes c{stretch(w, bh, 4), stretch(scale, bh, 4)};
-      if (dtype == at::kFloat) {
-        float* o = out.data_ptr<float>() + bh * S * D;
-        if (isa == 0) widen_rows(c, o, D, s0, s1);
-        else if (isa == 1) avx2::widen(c, o, D, s0, s1);
-        else avx512::widen(c, o, D, s0, s1);
-      } else {
-        bf16* o = out.data_ptr<bf16>() + bh * S * D;
-        if (isa == 0) widen_rows(c, o, D, s0, s1);
-        else if (isa == 1) avx2::widen(c, o, D, s0, s1);
-        else avx512::widen(c, o, D, s0, s1);
-      }
+      auto into = [&](auto* o) {  // float32 or bfloat16 rows of this (b, h)
+        if (isa == 0) widen_rows(c, o + bh * S * D, D, s0, s1);
+        else if (isa == 1) avx2::widen(c, o + bh * S * D, D, s0, s1);
+        else avx512::widen(c, o + bh * S * D, D, s0, s1);
+      };
+      if (dtype == at::kFloat) into(out.data_ptr<float>());
+      else into(out.data_ptr<bf16>());
       r += s1 - s0;
     }
   });
   return out;
 }
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(regionkv, CPU, m) {
