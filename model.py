@@ -611,7 +611,7 @@ class Transformer(nn.Module):
                                   ).append((i, p, parts[0](self.layers[i], x[p])))
             stacks = []  # (the stack, its caches, their layers' (i, p, qkv), its output by chunk)
             for members in groups.values():
-                n = caches[members[0][0]].stack_limit
+                n = caches[members[0][0]].wave_limit
                 for part in (members[j:j + n] for j in range(0, len(members), n)):
                     own = [caches[i] for i, _, _ in part]
                     stacks.append((own[0] if len(own) == 1 else own[0].stacked(own), own, part,

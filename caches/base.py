@@ -151,6 +151,15 @@ class KVCache(nn.Module):
     # The most caches alike that go as one (a policy that stacks them: RegionCache.stacked).
     stack_limit = 1
 
+    @property
+    def wave_limit(self) -> int:
+        """The most caches alike that go as one in a prompt's wavefront, whose layers at work
+        each read a different piece (Transformer.read_by_layer): one for a cache that keeps
+        every token, whose chunk attends over the slots in use (RegionCache.live_slots): in a
+        stack the rows of an earlier piece would attend over as many as the latest's (a 4k
+        prompt of `quantized`: half again the attention, PERFORMANCE 6zl)."""
+        return 1 if self.keeps_every_token else self.stack_limit
+
     def alike(self) -> tuple:
         """What caches must share to go as one cache, a row per layer and row (a policy that
         can: RegionCache.stacked); by default a cache is alike only itself."""

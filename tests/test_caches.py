@@ -1125,6 +1125,33 @@ def test_a_prompt_read_layer_by_layer_is_read_chunk_by_chunk(name, kw, piece):
             assert_same_caches(chunked, layered)
 
 
+def test_a_wavefront_leaves_the_layers_of_a_cache_that_keeps_every_token_alone(monkeypatch):
+    """A prompt read as a wavefront (three layers, pieces of 16 rows: up to three layers at
+    work, each on its own piece): `quantized`'s layers, whose chunk attends over the middle
+    slots in use, take their chunks alone, each chunk over the slots its own positions need
+    (in a stack an earlier piece's rows would attend over as many as the latest's);
+    `streaming`'s layers at work go as one stack."""
+    model = tiny_model(n_layer=3)
+    ids = torch.randint(0, 256, (1, 48), generator=torch.Generator().manual_seed(4))
+    trim = RegionCache.trim
+    for name, stacks in (("quantized", False), ("streaming", True)):
+        seen = []  # each chunk's rows (layers x batch), middle slots attended, slots it needs
+
+        def record(self, view, used):
+            seen.append((view.q.shape[0], used, self.in_use(int(self.pos.max()))))
+            return trim(self, view, used)
+        monkeypatch.setattr(RegionCache, "trim", record)
+        caches = build_caches(model, 1, 256, make_cache_factory(
+            name, cache_size=BUDGET, chunk=8, prompt_compression="bulk"))
+        with torch.inference_mode():
+            model.read_by_layer(ids, torch.arange(48), caches, 8, torch.tensor([47]), piece=16)
+        heights = {rows for rows, _, _ in seen}
+        assert (max(heights) > 1) == stacks, (name, heights)
+        if name == "quantized":
+            assert all(used == need for _, used, need in seen)
+            assert len({used for _, used, _ in seen}) == 6  # one count a chunk position
+
+
 def test_one_pass_caches_read_a_prompt_in_two_pieces_of_half_at_most_prefill_piece():
     """layer_piece for caches that compress a chunk in one pass: half the prompt's chunks
     (rounded up), at most PREFILL_PIECE rows, so that two layers at a time share the chunk

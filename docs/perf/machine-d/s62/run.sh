@@ -1,0 +1,9 @@
+#!/bin/sh
+# s62's measurements on machine D, one at a time (docs/PERFORMANCE.md, 6zl).
+cd "$(dirname "$0")/../../../.." || exit 1
+out=docs/perf/machine-d/s62
+for dt in bfloat16 float32; do
+  python bench.py --dtype $dt --contexts 4096 --cache full,quantized --cache_size 256 \
+    --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on \
+    --compile_prefill --json > $out/ttft-4k-$dt-quantized.json 2> $out/ttft-4k-$dt-quantized.log
+done
