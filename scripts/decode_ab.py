@@ -52,6 +52,9 @@ sees the machine in the same state:
     unfused       the engine's step with a long stretch's scores and mix as kernels of their
                   own and the softmax Inductor's between them, not one call of kernels.attend
                   (kernels.FUSED = False; the step before section 6zk)
+    argmin        the engine's step with a compressing cache's free middle slot and victim
+                  found by argmax / argmin and its count of middle tokens summed in int64,
+                  not by mins over int32 slot numbers (the step before section 6zl)
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
@@ -68,6 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model as M  # noqa: E402
 import kernels  # noqa: E402
 import quantize.dense as dense  # noqa: E402
+import caches.region as region  # noqa: E402
 from caches import POLICIES, make_cache_factory  # noqa: E402
 from engine import generation as G  # noqa: E402
 from engine.checkpoint import load_model  # noqa: E402
@@ -76,7 +80,7 @@ from engine.default_model import resolve_checkpoint  # noqa: E402
 
 VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize", "headout", "unstored",
             "customop", "onednn", "unrolled", "cppwrap", "frozen", "frozeninline",
-            "reductions", "attnreduce", "before6zd", "pwcat", "allslots", "unfused")
+            "reductions", "attnreduce", "before6zd", "pwcat", "allslots", "unfused", "argmin")
 
 
 @torch.library.custom_op("decode_ab::stored", mutates_args=())
@@ -87,6 +91,19 @@ def custom_stored(x: torch.Tensor) -> torch.Tensor:
 @custom_stored.register_fake
 def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
+
+
+def argmax_first(mask: torch.Tensor) -> torch.Tensor:  # region.first_index before 6zl
+    return mask.int().argmax(dim=-1)
+
+
+def argmin_ties(score: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # argmin_oldest
+    best = score.min(dim=-1, keepdim=True).values
+    return torch.where(score == best, pos, region.FAR).argmin(dim=-1)
+
+
+def sum_int64(self, valid, score, victim):  # RegionCache.must_remove before 6zl
+    return valid.sum(-1) > self.middle
 
 
 def run_step_out(model, idx, input_pos, caches):
@@ -119,7 +136,8 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     reductions, attnreduce, before6zd = own_step_graph(), own_step_graph(), own_step_graph()
     pwcat = own_step_graph({**G.STEP_OPTIONS, "force_pointwise_cat": True})
     allslots, engine_slots = own_step_graph(), kernels.ATTEND_SLOTS
-    unfused = own_step_graph()
+    unfused, argmin = own_step_graph(), own_step_graph()
+    engine_region = region.first_index, region.argmin_oldest, region.RegionCache.must_remove
     unrolled, cppwrap = own_step_graph(), own_step_graph({**G.STEP_OPTIONS, "cpp_wrapper": True})
     frozen = G.baked_step(model)  # --bake_weights
     inline = torch.compile(run_all_inline, fullgraph=True, dynamic=False,
@@ -142,6 +160,8 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
         kernels.ATTENTION = variant not in ("attnreduce", "before6zd")
         kernels.ATTEND_SLOTS = 0 if variant == "allslots" else engine_slots
         kernels.FUSED = variant != "unfused"
+        (region.first_index, region.argmin_oldest, region.RegionCache.must_remove) = \
+            (argmax_first, argmin_ties, sum_int64) if variant == "argmin" else engine_region
         if variant == "before6zd" and dense._AMX and model.dtype == torch.bfloat16 and \
                 model.layers[0].attention.wqkv.onednn:
             dense.streamed = lambda x: False  # oneDNN's bfloat16 linears, as then
@@ -153,7 +173,8 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
                             "frozeninline": frozeninline,
                             "reductions": reductions, "attnreduce": attnreduce,
                             "before6zd": before6zd, "pwcat": pwcat,
-                            "allslots": allslots, "unfused": unfused}.get(variant, graph)
+                            "allslots": allslots, "unfused": unfused,
+                            "argmin": argmin}.get(variant, graph)
         model.block_step = {"regional": regional, "unrolled": G.run_block,
                             "cppwrap": G.run_block}.get(variant, nested)
 

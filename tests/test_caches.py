@@ -966,6 +966,35 @@ def test_victims_by_one_integer_key_are_the_stable_sorts_first():
         assert torch.equal(first_true(mask, K), (~mask).int().argsort(dim=-1, stable=True)[..., :K])
 
 
+def test_first_index_and_argmin_oldest_take_what_argmax_and_argmin_take():
+    """first_index(mask) is argmax of the mask (the first slot where it holds, 0 where it holds
+    nowhere), and argmin_oldest(score, pos) is argmin of the score with ties to the oldest
+    position, then to the first slot (ties in score of every kind, empty slots at -1 and inf,
+    a NaN score, every slot tied), eager and compiled, by mins over int32 slot numbers."""
+    from caches.region import FAR, argmin_oldest, first_index
+    g = torch.Generator().manual_seed(5)
+    tied = torch.tensor([float("-inf"), -0.0, 0.0, 0.5, float("inf")])
+    compiled = (torch.compile(first_index, backend="inductor", fullgraph=True),
+                torch.compile(argmin_oldest, backend="inductor", fullgraph=True))
+    for C in (1, 5, 64, 300):
+        B, H = 2, 3
+        score = torch.where(torch.rand(B, H, C, generator=g) < 0.5,
+                            torch.randn(B, H, C, generator=g),
+                            tied[torch.randint(0, len(tied), (B, H, C), generator=g)])
+        pos = torch.randint(-1, 3 * C, (B, H, C), generator=g, dtype=torch.int32)
+        score[0, 0] = float("inf")  # every slot tied
+        score[1, 2, 0] = float("nan")  # the min is NaN: nothing equals it
+        mask = torch.rand(B, H, C, generator=g) < 0.2
+        mask[0, 1] = False  # nowhere
+        want_first = mask.int().argmax(dim=-1)
+        best = score.min(dim=-1, keepdim=True).values
+        want_victim = torch.where(score == best, pos, FAR).argmin(dim=-1)
+        for first, oldest in ((first_index, argmin_oldest), compiled):
+            assert torch.equal(first(mask), want_first)
+            assert torch.equal(oldest(score, pos), want_victim)
+    torch._dynamo.reset()
+
+
 def ops_seen(fn) -> set:
     """The names of the ATen ops that fn() dispatches."""
     from torch.utils._python_dispatch import TorchDispatchMode
