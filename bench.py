@@ -664,8 +664,14 @@ def main(argv=None) -> None:
         if importlib.util.find_spec(module) is None:  # the peers: benchmark only, never the engine
             raise UserError(f"--peer {args.peer} needs the {module} package: "
                             f"{PEER_INSTALL[args.peer]}")
+        try:  # now, not after the engine's rows: a package installed without its dependencies
+            peer = importlib.import_module(module)
+        except (ImportError, OSError) as e:
+            raise UserError(f"--peer {args.peer}: the {module} package is installed but does "
+                            f"not import ({e}); reinstall it with its dependencies: "
+                            f"{PEER_INSTALL[args.peer]}") from None
         if args.peer == "transformers":
-            import transformers
+            transformers = peer
     from engine.checkpoint import load_model, read_config
     from engine.default_model import resolve_checkpoint
     from engine.tokenizer import load_tokenizer

@@ -70,6 +70,30 @@ def test_llama_cpp_peer_needs_its_package(default_checkpoint, monkeypatch):
     assert "pip install llama-cpp-python" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_peer_that_does_not_import_is_a_one_line_error(default_checkpoint, monkeypatch):
+    """A peer package installed without its dependencies (llama-cpp-python by `pip install
+    --no-deps`) fails before the engine's rows, in one line that names what is missing."""
+    import importlib
+    import importlib.util
+
+    import bench
+    real_spec, real_import = importlib.util.find_spec, importlib.import_module
+
+    def broken(name, *a):
+        if name == "llama_cpp":
+            raise ModuleNotFoundError("No module named 'diskcache'")
+        return real_import(name, *a)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object()
+                        if name == "llama_cpp" else real_spec(name, *a))
+    monkeypatch.setattr(importlib, "import_module", broken)
+    from core.errors import UserError
+    with pytest.raises(UserError) as e:
+        bench.main(["--peer", "llama.cpp", "--contexts", "16", "--compile", "off"])
+    message = str(e.value)
+    assert "does not import" in message and "diskcache" in message and "\n" not in message
+    assert "pip install llama-cpp-python" in message
+
+
 def test_llama_cpp_peer_runs_the_same_weights(default_checkpoint):
     """Optional peer: llama-cpp-python is not in the requirements (it compiles llama.cpp,
     longer than CI's budget); where it is installed, the peer runs the engine's F32 weights and
