@@ -12,3 +12,13 @@ done
 python scripts/decode_ab.py quantized 4096 bfloat16 argmin \
   > $out/decode-ab-quantized-4k-bf16-argmin.txt 2>&1
 sh $out/run3.sh  # target 5
+# targets 1 and 3 at this code (after the suite)
+python scripts/interleaved_overhead.py 4096 full,streaming,weightedkv,quantized bfloat16 \
+  > $out/interleaved-4096-bfloat16.txt 2>&1
+python scripts/interleaved_overhead.py 4096 \
+  full,streaming,h2o,tova,a2sf,weightedkv,weightedkv-evict,cam,lagkv,knorm,keydiff bfloat16 \
+  > $out/interleaved-4096-bfloat16-all.txt 2>&1
+python scripts/decode_ab.py keydiff 4096 bfloat16 argmin \
+  > $out/decode-ab-keydiff-4k-bf16-argmin.txt 2>&1
+python scripts/interleaved_overhead.py 4096 streaming,keydiff,weightedkv bfloat16 \
+  > $out/interleaved-4096-bfloat16-keydiff.txt 2>&1
