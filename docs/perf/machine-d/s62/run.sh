@@ -22,3 +22,5 @@ python scripts/decode_ab.py keydiff 4096 bfloat16 argmin \
   > $out/decode-ab-keydiff-4k-bf16-argmin.txt 2>&1
 python scripts/interleaved_overhead.py 4096 streaming,keydiff,weightedkv bfloat16 \
   > $out/interleaved-4096-bfloat16-keydiff.txt 2>&1
+python scripts/interleaved_overhead.py 4096 full,streaming,quantized float32 \
+  > $out/interleaved-4096-float32.txt 2>&1
