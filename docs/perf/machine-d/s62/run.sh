@@ -24,3 +24,7 @@ python scripts/interleaved_overhead.py 4096 streaming,keydiff,weightedkv bfloat1
   > $out/interleaved-4096-bfloat16-keydiff.txt 2>&1
 python scripts/interleaved_overhead.py 4096 full,streaming,quantized float32 \
   > $out/interleaved-4096-float32.txt 2>&1
+python scripts/interleaved_overhead.py 4096 streaming,weightedkv,weightedkv+int8,h2o,h2o+int8 \
+  bfloat16 > $out/interleaved-4096-bfloat16-int8.txt 2>&1
+python scripts/decode_ab.py weightedkv+int8 4096 bfloat16 allslots \
+  > $out/decode-ab-weightedkv-int8-4k-bf16-allslots.txt 2>&1
