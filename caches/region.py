@@ -734,17 +734,23 @@ def ordered(score: Tensor) -> Tensor:
 
 def first_index(mask: Tensor) -> Tensor:
     """The first index along the last axis where mask holds, 0 where it holds nowhere (what
-    argmax of the mask gives), as int64. A min over int32 slot numbers: Inductor's CPU loop
-    for an argmin or argmax carries int64 indices through generic vector code on AVX2, and
-    over `quantized`'s 4k-slot middle a decode step's three took ~2 ms (PERFORMANCE 6zl)."""
+    argmax of the mask gives; first_true(mask, 1) by a topk, an ATen call outside the step's
+    fused loops), as int64. A min over int32 slot numbers: Inductor's CPU loop for an argmin
+    or argmax carries int64 indices through generic vector code on AVX2, and over
+    `quantized`'s 4k-slot middle a decode step's three took ~2 ms (PERFORMANCE 6zl)."""
     n = mask.shape[-1]
     slot = torch.arange(n, device=mask.device, dtype=torch.int32)
     return (torch.where(mask, slot, n).amin(dim=-1) % n).long()
 
 
+def first_min(x: Tensor) -> Tensor:
+    """argmin over the last axis of integers (the first of equal values), by mins
+    (first_index)."""
+    return first_index(x == x.amin(dim=-1, keepdim=True))
+
+
 def argmin_oldest(score: Tensor, pos: Tensor) -> Tensor:
     """argmin over the last axis; ties go to the oldest position (the first slot of those, as
-    argmin takes the first of equal values). By mins, not argmins (first_index)."""
-    tie = score == score.amin(dim=-1, keepdim=True)
-    oldest = torch.where(tie, pos, FAR).amin(dim=-1, keepdim=True)
-    return first_index(tie & (pos == oldest))
+    argmin takes the first of equal values)."""
+    best = score.amin(dim=-1, keepdim=True)
+    return first_min(torch.where(score == best, pos, FAR))

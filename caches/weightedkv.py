@@ -1,7 +1,7 @@
 import torch
 from torch import Tensor
 
-from caches.region import FAR, RegionCache
+from caches.region import FAR, RegionCache, first_min
 
 
 class WeightedKVCache(RegionCache):
@@ -31,7 +31,7 @@ class WeightedKVCache(RegionCache):
         if self.merge:
             j = victim + self.n_fast
             pos_j = self.pos.gather(-1, j.unsqueeze(-1))
-            r = torch.where(self.pos > pos_j, self.pos, FAR).argmin(dim=-1)
+            r = first_min(torch.where(self.pos > pos_j, self.pos, FAR))
             s = self.score(cur)
             s_j = s.gather(-1, j.unsqueeze(-1))
             s_r = s.gather(-1, r.unsqueeze(-1))

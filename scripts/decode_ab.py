@@ -54,7 +54,8 @@ sees the machine in the same state:
                   (kernels.FUSED = False; the step before section 6zk)
     argmin        the engine's step with a compressing cache's free middle slot and victim
                   found by argmax / argmin and its count of middle tokens summed in int64,
-                  not by mins over int32 slot numbers (the step before section 6zl)
+                  not by mins over int32 slot numbers (the step before section 6zl;
+                  weightedkv's right neighbour keeps its mins)
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.

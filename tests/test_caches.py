@@ -970,12 +970,13 @@ def test_first_index_and_argmin_oldest_take_what_argmax_and_argmin_take():
     """first_index(mask) is argmax of the mask (the first slot where it holds, 0 where it holds
     nowhere), and argmin_oldest(score, pos) is argmin of the score with ties to the oldest
     position, then to the first slot (ties in score of every kind, empty slots at -1 and inf,
-    a NaN score, every slot tied), eager and compiled, by mins over int32 slot numbers."""
-    from caches.region import FAR, argmin_oldest, first_index
+    a NaN score, every slot tied), eager and compiled, by mins over int32 slot numbers; so is
+    first_min(x) argmin of integers x (weightedkv's right neighbour)."""
+    from caches.region import FAR, argmin_oldest, first_index, first_min
     g = torch.Generator().manual_seed(5)
     tied = torch.tensor([float("-inf"), -0.0, 0.0, 0.5, float("inf")])
-    compiled = (torch.compile(first_index, backend="inductor", fullgraph=True),
-                torch.compile(argmin_oldest, backend="inductor", fullgraph=True))
+    compiled = tuple(torch.compile(f, backend="inductor", fullgraph=True)
+                     for f in (first_index, argmin_oldest, first_min))
     for C in (1, 5, 64, 300):
         B, H = 2, 3
         score = torch.where(torch.rand(B, H, C, generator=g) < 0.5,
@@ -989,9 +990,11 @@ def test_first_index_and_argmin_oldest_take_what_argmax_and_argmin_take():
         want_first = mask.int().argmax(dim=-1)
         best = score.min(dim=-1, keepdim=True).values
         want_victim = torch.where(score == best, pos, FAR).argmin(dim=-1)
-        for first, oldest in ((first_index, argmin_oldest), compiled):
+        after = torch.where(pos > C, pos, FAR)  # FAR everywhere in some rows
+        for first, oldest, least in ((first_index, argmin_oldest, first_min), compiled):
             assert torch.equal(first(mask), want_first)
             assert torch.equal(oldest(score, pos), want_victim)
+            assert torch.equal(least(after), after.argmin(dim=-1))
     torch._dynamo.reset()
 
 
