@@ -71,3 +71,67 @@ def keep_freed_buffers() -> bool:
             bool(libc.mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
     except (OSError, AttributeError):
         return False
+
+
+# A decode step streams every weight once from DRAM. In 4 KiB pages a 269 MB bfloat16 model is
+# 66k pages, each a TLB miss that (in a VM) walks two page tables, and the hardware prefetcher
+# stops at every page's end; in 2 MiB pages the step's GEMVs read 6-8% faster on machine D
+# (docs/PERFORMANCE.md, section 6zm). PyTorch's allocator asks for such pages only under
+# THP_MEM_ALLOC_ENABLE=1 and only for blocks of 2 MiB or more: a layer's weight is smaller.
+ALIGN = 64  # a cache line: each tensor starts on one
+
+
+def empty_on_huge_pages(specs: list[tuple[torch.Size, torch.dtype]]) -> list[torch.Tensor]:
+    """Uninitialized contiguous CPU tensors of these (shape, dtype), packed in one private
+    anonymous mapping that asks the kernel for huge pages (madvise MADV_HUGEPAGE, honoured where
+    transparent huge pages are "always" or "madvise"); a page is given when first written. The
+    tensors keep the mapping alive. Where the platform has no madvise, or the mapping cannot be
+    made, they are plain torch.empty tensors."""
+    import mmap
+    sizes = [torch.Size(shape).numel() * dtype.itemsize for shape, dtype in specs]
+    offsets, end = [], 0
+    for n in sizes:
+        offsets.append(end)
+        end += -(-n // ALIGN) * ALIGN
+    try:
+        area = mmap.mmap(-1, max(end, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        area.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError, ValueError):
+        return [torch.empty(shape, dtype=dtype) for shape, dtype in specs]
+    # A storage of its own for each (each holds a reference to `area`): views of one storage
+    # would alias, and a compiled region refuses inputs that alias (a block's weights).
+    return [torch.frombuffer(area, dtype=torch.uint8, count=n, offset=o).view(dtype).view(shape)
+            if n else torch.empty(shape, dtype=dtype)
+            for (shape, dtype), o, n in zip(specs, offsets, sizes)]
+
+
+def move_to_huge_pages(module: torch.nn.Module) -> int:
+    """Move the CPU parameters and buffers of `module` into one mapping of huge pages
+    (empty_on_huge_pages), one tensor at a time, so that each old storage is freed as it goes
+    where nothing else holds it. Tensors that are the same view of one storage (a tied head's
+    weight and the embedding table) keep one home; a storage that holds several different
+    views stays where it is, so that they keep sharing it. Returns the bytes moved."""
+    def view(t):
+        return t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype
+    holders = {}  # view -> (the tensor, every (store, name) that holds it)
+    for m in module.modules():
+        for store in (m._parameters, m._buffers):
+            for n, t in store.items():
+                if t is not None and t.device.type == "cpu" and t.layout == torch.strided \
+                        and t.numel():
+                    holders.setdefault(view(t), (t, []))[1].append((store, n))
+    views_of = {}
+    for v in holders:
+        views_of[v[0]] = views_of.get(v[0], 0) + 1
+    moving = [(t, held) for v, (t, held) in holders.items() if views_of[v[0]] == 1]
+    homes = empty_on_huge_pages([(t.shape, t.dtype) for t, _ in moving])
+    moved = 0
+    for (t, held), home in zip(moving, homes):
+        home.copy_(t)
+        moved += home.numel() * home.element_size()
+        for store, n in held:
+            if isinstance(store[n], torch.nn.Parameter):
+                store[n].data = home
+            else:
+                store[n] = home
+    return moved

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import kernels
+from core.memory import empty_on_huge_pages
 
 DTYPES = (torch.float32, torch.bfloat16)
 STREAM_ROWS = 2  # the reduction reads the weight once per row: from 4 rows on, oneDNN wins
@@ -259,11 +260,13 @@ def stream_compiled_decode(model: nn.Module) -> int:
     def streams(linear) -> bool:  # oneDNN's only, of a dtype that streams faster
         return isinstance(linear, PackedLinear) and linear.plain is None and \
             linear.packed.dtype in dtypes
+    copied = [m for m in model.layers.modules() if streams(m)]
+    homes = empty_on_huge_pages([((m.out_features, m.in_features), m.packed.dtype)
+                                 for m in copied])
     added = 0
-    for module in model.layers.modules():
-        if streams(module):
-            module.plain = module.packed.to_dense()
-            added += module.plain.numel() * module.plain.element_size()
+    for module, home in zip(copied, homes):
+        module.plain = home.copy_(module.packed.to_dense())
+        added += home.numel() * home.element_size()
     head, table = model.output, model.tok_embeddings.weight
     if model.args.tie_embeddings and streams(head) and table.dtype == head.packed.dtype:
         head.plain = table.detach()  # the same storage: no bytes added

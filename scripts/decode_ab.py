@@ -56,6 +56,9 @@ sees the machine in the same state:
                   found by argmax / argmin and its count of middle tokens summed in int64,
                   not by mins over int32 slot numbers (the step before section 6zl;
                   weightedkv's right neighbour keeps its mins)
+    smallpages    the engine's step with the weights that its GEMVs stream (every plain weight
+                  and the embedding table) in copies of 4 KiB pages, not in the one mapping of
+                  2 MiB pages that load_model moves them to (the step before section 6zm)
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
@@ -81,7 +84,8 @@ from engine.default_model import resolve_checkpoint  # noqa: E402
 
 VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize", "headout", "unstored",
             "customop", "onednn", "unrolled", "cppwrap", "frozen", "frozeninline",
-            "reductions", "attnreduce", "before6zd", "pwcat", "allslots", "unfused", "argmin")
+            "reductions", "attnreduce", "before6zd", "pwcat", "allslots", "unfused", "argmin",
+            "smallpages")
 
 
 @torch.library.custom_op("decode_ab::stored", mutates_args=())
@@ -140,6 +144,10 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     unfused, argmin = own_step_graph(), own_step_graph()
     engine_region = region.first_index, region.argmin_oldest, region.RegionCache.must_remove
     unrolled, cppwrap = own_step_graph(), own_step_graph({**G.STEP_OPTIONS, "cpp_wrapper": True})
+    streamed = [m for m in model.modules() if isinstance(m, dense.PackedLinear) and
+                m.plain is not None and m.plain.data_ptr() != table(model).data_ptr()]
+    huge = [m.plain for m in streamed] + [table(model).data]
+    small = [t.clone() for t in huge]  # torch's allocator: 4 KiB pages
     frozen = G.baked_step(model)  # --bake_weights
     inline = torch.compile(run_all_inline, fullgraph=True, dynamic=False,
                            backend=model.baking_backend)
@@ -176,12 +184,22 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
                             "before6zd": before6zd, "pwcat": pwcat,
                             "allslots": allslots, "unfused": unfused,
                             "argmin": argmin}.get(variant, graph)
+        pages = small if variant == "smallpages" else huge
+        for m, w in zip(streamed, pages):
+            m.plain = w
+        table(model).data = pages[-1]
+        if model.args.tie_embeddings and model.output.plain is not None:
+            model.output.plain = pages[-1]
         model.block_step = {"regional": regional, "unrolled": G.run_block,
                             "cppwrap": G.run_block}.get(variant, nested)
 
     print(f"{policy}, context {context}, {dtype}, ms a decode step (median of {rounds} rounds)")
     interleave(s, variants, use, rounds, steps)
     use("graph")
+
+
+def table(model):
+    return model.tok_embeddings.weight
 
 
 def run_all_inline(model, idx, input_pos, caches):

@@ -1,5 +1,7 @@
 """The model and its static cache on tiny random models: incremental == full forward, no
 recompiles, prefill buckets, sampling."""
+from pathlib import Path
+
 import pytest
 import torch
 import torch._dynamo
@@ -582,3 +584,68 @@ def test_a_step_with_its_weights_baked_in_matches_eager_and_reads_its_caches_liv
         regions = [n.args[0].target for n in graphs[-1].graph.nodes
                    if n.target is torch.ops.higher_order.invoke_subgraph]
         assert len(regions) == len(model.layers) and len(set(regions)) == 1
+
+
+def huge_page_advised(t: torch.Tensor) -> bool:
+    """Whether the mapping that holds t's first byte is marked for huge pages (VmFlags hg)."""
+    addr, inside = t.data_ptr(), False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:  # a mapping's first line: "start-end perms ..."
+                lo, hi = (int(a, 16) for a in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                return "hg" in line.split()[1:]
+    return False
+
+
+def test_empty_on_huge_pages_gives_aligned_tensors_that_do_not_alias():
+    from core.memory import ALIGN, empty_on_huge_pages
+    specs = [((3, 5), torch.float32), ((7,), torch.bfloat16), ((0, 4), torch.float32),
+             ((2, 3, 4), torch.int8), ((1000, 576), torch.bfloat16)]
+    got = empty_on_huge_pages(specs)
+    assert [(tuple(t.shape), t.dtype) for t in got] == [(tuple(s), d) for s, d in specs]
+    assert all(t.is_contiguous() and t.data_ptr() % ALIGN == 0 for t in got)
+    # one storage each (a compiled region refuses inputs that alias), none overlapping
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in got
+                   if t.numel())
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    assert len({t.untyped_storage().data_ptr() for t in got}) == len(got)
+    for i, t in enumerate(got):
+        t.fill_(i)
+    assert [int(t.float().sum()) for t in got] == [0, 7, 0, 72, 4 * 576000]
+    if Path("/sys/kernel/mm/transparent_hugepage").is_dir():  # else plain torch.empty tensors
+        assert huge_page_advised(got[-1])
+
+
+def test_a_loaded_model_keeps_its_weights_in_huge_pages(default_checkpoint):
+    """load_model moves every weight into one mapping advised for huge pages: the values are
+    the checkpoint's, a tied head still reads the embedding table's memory, and no two weights
+    alias (a compiled step's nested block regions take them as separate inputs)."""
+    from core.tensors import misaligned, read_safetensors
+    from engine.checkpoint import WEIGHTS_NAME, load_model
+    model = load_model(default_checkpoint, dtype=torch.bfloat16)
+    state = read_safetensors(default_checkpoint / WEIGHTS_NAME)
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, state.get(name, state["tok_embeddings.weight"]).bfloat16()), name
+    tensors = [t for t in [*model.parameters(), *model.buffers()] if t is not None and t.numel()]
+    assert not misaligned(model)
+    assert model.output.weight.data_ptr() == model.tok_embeddings.weight.data_ptr()
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == \
+        len({t.data_ptr() for t in tensors})
+    if Path("/sys/kernel/mm/transparent_hugepage").is_dir():
+        assert all(huge_page_advised(t) for t in tensors)
+
+
+def test_a_compiled_step_decodes_from_weights_moved_to_huge_pages():
+    from core.memory import move_to_huge_pages
+    from quantize.dense import pack_dense_linears
+    model = pack_dense_linears(tiny_model(seed=3))
+    expected = Generator(model, max_seq_length=64).generate(list(range(3, 12)), 10).new_ids[0]
+    ptr = model.layers[0].attention.wqkv.weight.data_ptr()
+    assert move_to_huge_pages(model) > 0
+    assert model.layers[0].attention.wqkv.weight.data_ptr() != ptr
+    torch._dynamo.reset()
+    gen = Generator(model, max_seq_length=64, compile=True)
+    assert gen.generate(list(range(3, 12)), 10).new_ids[0] == expected
