@@ -1,8 +1,9 @@
-"""Probe (PERFORMANCE 6zm): kernels/decode.cpp built with another prefetch hint for the AVX2
-GEMV's weights (in /tmp/s63v/NAME), a step's GEMVs over weights in huge pages, median of 21
-passes; one build a process, so alternate the processes.
+"""Probe (PERFORMANCE 6zm): kernels/decode.cpp built with another prefetch hint (and distance)
+for the AVX2 GEMV's weights (in /tmp/s63v/NAME), a step's GEMVs over weights in huge pages,
+median of 21 passes; one build a process, so alternate the processes.
 
-    PYTHONPATH=. python docs/perf/machine-d/s63/gemv_hint.py NAME HINT [DTYPE]   # HINT: T0, NTA
+    PYTHONPATH=. python docs/perf/machine-d/s63/gemv_hint.py NAME HINT [DTYPE [AHEAD_BYTES]]
+    # HINT: T0, T1, NTA
 """
 import os
 import shutil
@@ -18,10 +19,12 @@ from core.memory import empty_on_huge_pages
 
 name, hint = sys.argv[1], sys.argv[2]
 dtype = getattr(torch, sys.argv[3]) if len(sys.argv) > 3 else torch.bfloat16
+ahead = sys.argv[4] if len(sys.argv) > 4 else "8192"
 src = open("kernels/decode.cpp").read()
-old = "_mm_prefetch(static_cast<const char*>(p) + kAheadBytes, _MM_HINT_T0);"
+old = "_mm_prefetch(static_cast<const char*>(p) + kAheadBytes, _MM_HINT_NTA);"
 assert old in src
-src = src.replace(old, old.replace("_MM_HINT_T0", f"_MM_HINT_{hint}"))
+src = src.replace(old, old.replace("_MM_HINT_NTA", f"_MM_HINT_{hint}"))
+src = src.replace("kAheadBytes = 8192;", f"kAheadBytes = {ahead};")
 d = f"/tmp/s63v/{name}"
 os.makedirs(d, exist_ok=True)
 open(f"{d}/decode.cpp", "w").write(src)
@@ -42,4 +45,4 @@ for _ in range(21):
     times.append(time.perf_counter() - t)
 nbytes = sum(w.numel() * w.element_size() for w in ws)
 med = statistics.median(times)
-print(f"{name:6s} hint {hint:4s} {dtype}: median {med * 1e3:6.2f} ms, {nbytes / med / 1e9:5.1f} GB/s")
+print(f"{name:6s} hint {hint:4s} ahead {ahead:5s} {dtype}: median {med * 1e3:6.2f} ms, {nbytes / med / 1e9:5.1f} GB/s")
