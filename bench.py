@@ -200,7 +200,7 @@ def machine_bandwidth_gbs(device: torch.device, trials: int = 20) -> float:
         return nbytes / best / 1e9
     nbytes = max(8 * last_level_cache_bytes(), 256 * 2**20)
     # written once: every page is resident before timing; in the huge pages that the weights
-    # are in (core.memory: the same read in 4 KiB pages is 10-15% slower on machine D)
+    # are in (core.memory: the same read in 4 KiB pages is 10-30% slower on machine D)
     x = empty_on_huge_pages([((nbytes // 4,), torch.float32)])[0].fill_(1)
     best = float("inf")
     for _ in range(trials + 1):

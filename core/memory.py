@@ -75,8 +75,8 @@ def keep_freed_buffers() -> bool:
 
 # A decode step streams every weight once from DRAM. In 4 KiB pages a 269 MB bfloat16 model is
 # 66k pages, each a TLB miss that (in a VM) walks two page tables, and the hardware prefetcher
-# stops at every page's end; in 2 MiB pages the step's GEMVs read 6-8% faster on machine D
-# (docs/PERFORMANCE.md, section 6zm). PyTorch's allocator asks for such pages only under
+# stops at every page's end; in 2 MiB pages a step's bfloat16 GEMVs read 8-10% faster on
+# machine D (docs/PERFORMANCE.md, section 6zm). PyTorch's allocator asks for such pages only under
 # THP_MEM_ALLOC_ENABLE=1 and only for blocks of 2 MiB or more: a layer's weight is smaller.
 ALIGN = 64  # a cache line: each tensor starts on one
 
@@ -123,11 +123,14 @@ def move_to_huge_pages(module: torch.nn.Module) -> int:
     views_of = {}
     for v in holders:
         views_of[v[0]] = views_of.get(v[0], 0) + 1
-    moving = [(t, held) for v, (t, held) in holders.items() if views_of[v[0]] == 1]
-    homes = empty_on_huge_pages([(t.shape, t.dtype) for t, _ in moving])
+    moving = [held for v, (t, held) in holders.items() if views_of[v[0]] == 1]
+    homes = empty_on_huge_pages([(t.shape, t.dtype) for v, (t, _) in holders.items()
+                                 if views_of[v[0]] == 1])
+    del holders  # from here on only the modules hold the old tensors
     moved = 0
-    for (t, held), home in zip(moving, homes):
-        home.copy_(t)
+    for held, home in zip(moving, homes):
+        store, n = held[0]
+        home.copy_(store[n])
         moved += home.numel() * home.element_size()
         for store, n in held:
             if isinstance(store[n], torch.nn.Parameter):

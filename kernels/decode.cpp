@@ -65,7 +65,8 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
 
 // A weight is read once a step, and the model is many times the last-level cache: the AVX2
 // loops prefetch it non-temporally (NTA: into L1, not left in L2 / L3 for other data to be
-// evicted by), 7-10% faster than T0 on machine D (PERFORMANCE 6zm). AVX-512's keeps T0: unmeasured.
+// evicted by), 7-10% faster than T0 on machine D (PERFORMANCE 6zm). AVX-512 keeps T0
+// (unmeasured).
 __attribute__((target("avx2,fma"))) inline void ahead(const void* p) {
   _mm_prefetch(static_cast<const char*>(p) + kAheadBytes, _MM_HINT_NTA);
 }

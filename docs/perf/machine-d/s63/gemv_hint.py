@@ -45,4 +45,5 @@ for _ in range(21):
     times.append(time.perf_counter() - t)
 nbytes = sum(w.numel() * w.element_size() for w in ws)
 med = statistics.median(times)
-print(f"{name:6s} hint {hint:4s} ahead {ahead:5s} {dtype}: median {med * 1e3:6.2f} ms, {nbytes / med / 1e9:5.1f} GB/s")
+print(f"{name:6s} hint {hint:4s} ahead {ahead:5s} {dtype}: median {med * 1e3:6.2f} ms, "
+      f"{nbytes / med / 1e9:5.1f} GB/s")
