@@ -6,16 +6,17 @@ median of 21 passes; one build a process, so alternate the processes.
     # HINT: T0, T1, NTA
 """
 import os
-import shutil
 import statistics
 import sys
 import time
 
 import torch
-from torch.utils.cpp_extension import load
 
 import kernels  # noqa: F401  (the ops' schemas)
 from core.memory import empty_on_huge_pages
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "s60"))
+from gemv_variants import build  # noqa: E402
 
 name, hint = sys.argv[1], sys.argv[2]
 dtype = getattr(torch, sys.argv[3]) if len(sys.argv) > 3 else torch.bfloat16
@@ -25,12 +26,7 @@ old = "_mm_prefetch(static_cast<const char*>(p) + kAheadBytes, _MM_HINT_NTA);"
 assert old in src
 src = src.replace(old, old.replace("_MM_HINT_NTA", f"_MM_HINT_{hint}"))
 src = src.replace("kAheadBytes = 8192;", f"kAheadBytes = {ahead};")
-d = f"/tmp/s63v/{name}"
-os.makedirs(d, exist_ok=True)
-open(f"{d}/decode.cpp", "w").write(src)
-shutil.copy("kernels/attention.h", d)
-load(f"rkv_{name}", [f"{d}/decode.cpp"], extra_cflags=["-O3", "-fopenmp", "-DREGIONKV_HEADER=0"],
-     extra_ldflags=["-fopenmp"], is_python_module=False, build_directory=d, verbose=False)
+build(name, src, "/tmp/s63v")
 torch.set_num_threads(2)
 g = torch.Generator().manual_seed(0)
 shapes = [(960, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)] * 30 + [(49152, 576)]
