@@ -2,6 +2,8 @@
 gives the estimate and what the machine has, not a failure deep inside the allocator."""
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from core.errors import UserError
@@ -111,24 +113,20 @@ def move_to_huge_pages(module: torch.nn.Module) -> int:
     where nothing else holds it. Tensors that are the same view of one storage (a tied head's
     weight and the embedding table) keep one home; a storage that holds several different
     views stays where it is, so that they keep sharing it. Returns the bytes moved."""
-    def view(t):
+    def view(t):  # what a tensor is: its storage, where in it, and how it reads it
         return t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype
-    holders = {}  # view -> (the tensor, every (store, name) that holds it)
+    holders = {}  # view -> every (store, name) that holds it (not the tensor: it must go)
     for m in module.modules():
         for store in (m._parameters, m._buffers):
             for n, t in store.items():
                 if t is not None and t.device.type == "cpu" and t.layout == torch.strided \
                         and t.numel():
-                    holders.setdefault(view(t), (t, []))[1].append((store, n))
-    views_of = {}
-    for v in holders:
-        views_of[v[0]] = views_of.get(v[0], 0) + 1
-    moving = [held for v, (t, held) in holders.items() if views_of[v[0]] == 1]
-    homes = empty_on_huge_pages([(t.shape, t.dtype) for v, (t, _) in holders.items()
-                                 if views_of[v[0]] == 1])
-    del holders  # from here on only the modules hold the old tensors
+                    holders.setdefault(view(t), []).append((store, n))
+    views_of = Counter(v[0] for v in holders)
+    moving = [(v, held) for v, held in holders.items() if views_of[v[0]] == 1]
+    homes = empty_on_huge_pages([(shape, dtype) for (_, _, shape, _, dtype), _ in moving])
     moved = 0
-    for held, home in zip(moving, homes):
+    for (_, held), home in zip(moving, homes):
         store, n = held[0]
         home.copy_(store[n])
         moved += home.numel() * home.element_size()
