@@ -17,7 +17,7 @@ REGIONKV_INLINE void mix_rows(const float* p, K v, float* acc, int64_t D, int64_
   F a[R][P] = {};
   for (int64_t s = s0; s < s1; ++s) {
     const auto r = v.row(s);
-    prefetch_row(v.row(s + A), L * P * K::kElem);
+    prefetch_row(v.row(s + A), L * P * K::kElem, v.once);
     const float scale = v.scale(s);  // Rows': 1, folded away
     float w[R];
     for (int i = 0; i < R; ++i) w[i] = p[i * S + s] * scale;

@@ -253,13 +253,23 @@ inline Stretch stretch(const at::Tensor& t, int64_t bh, int64_t elem) {
 }
 
 // Slot s + ahead(...) of a stretch walked in slot order, each of its cache lines: as for the
-// weights, the hardware's prefetcher alone leaves bandwidth unused.
+// weights, the hardware's prefetcher alone leaves bandwidth unused. once: the call reads each
+// of those lines once (read_once), so it comes in non-temporally, as the GEMV's weights do.
 inline int64_t ahead_rows(int64_t D, int64_t elem) {
   return std::max<int64_t>(1, kAheadBytes / (D * elem));
 }
-inline __attribute__((always_inline)) void prefetch_row(const void* row, int64_t bytes) {
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(row) + b);
+inline __attribute__((always_inline)) void prefetch_row(const void* row, int64_t bytes,
+                                                       bool once) {
+  const char* p = static_cast<const char*>(row);
+  if (once) for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 0);
+  else for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
 }
+
+// Whether AVX2's loops read each line of a float stretch once for M query rows: scores takes
+// three rows a pass and mix three rows of a pass's columns (its passes split the row's lines).
+// The GQA group of a decode step at batch 1 is 3 rows on the default model. INT8 rows are
+// re-read (mix's passes take half a line each), and AVX-512 keeps T0: unmeasured there.
+inline bool read_once(int64_t isa, int64_t M) { return isa == 1 && M <= 3; }
 
 // ---- what a stretch holds: the readers every attention loop takes --------------------------
 // Rows<T>: float32 or bfloat16 keys or values. Codes: an INT8 stretch, a slot's D codes in D/4
@@ -274,15 +284,17 @@ template <class T>
 struct Rows {
   static constexpr int64_t kElem = sizeof(T);
   Stretch k;
+  bool once = false;  // each line read once by this call (prefetch_row)
   const T* row(int64_t s) const { return static_cast<const T*>(k.p) + s * k.ss; }
-  Rows from(int64_t c) const { return {{row(0) + c, k.ss}}; }
-  Rows skip(int64_t s) const { return {{row(s), k.ss}}; }
+  Rows from(int64_t c) const { return {{row(0) + c, k.ss}, once}; }
+  Rows skip(int64_t s) const { return {{row(s), k.ss}, once}; }
   static float at(const T* r, int64_t d) { return widen(r[d]); }
   static float scale(int64_t) { return 1.f; }
 };
 
 struct Codes {
   static constexpr int64_t kElem = 1;
+  static constexpr bool once = false;
   Stretch w, sc;  // w.ss counts 4-byte words
   const int8_t* row(int64_t s) const { return static_cast<const int8_t*>(w.p) + 4 * s * w.ss; }
   Codes from(int64_t c) const { return {{row(0) + c, w.ss}, sc}; }
@@ -304,7 +316,7 @@ void scores_portable(const float* q, K k, float* out, int64_t M, int64_t S, int6
   const int64_t A = ahead_rows(D, K::kElem);
   for (int64_t s = s0; s < s1; ++s) {
     const auto r = k.row(s);
-    prefetch_row(k.row(s + A), D * K::kElem);
+    prefetch_row(k.row(s + A), D * K::kElem, k.once);
     for (int64_t m = 0; m < M; ++m) {
       float acc = 0.f;
       for (int64_t d = 0; d < D; ++d) acc += q[m * D + d] * K::at(r, d);
@@ -321,7 +333,7 @@ void mix_portable(const float* p, K v, float* acc, int64_t M, int64_t S, int64_t
   const int64_t A = ahead_rows(D, K::kElem);
   for (int64_t s = s0; s < s1; ++s) {
     const auto r = v.row(s);
-    prefetch_row(v.row(s + A), D * K::kElem);
+    prefetch_row(v.row(s + A), D * K::kElem, v.once);
     for (int64_t m = 0; m < M; ++m) {
       const float w = p[m * S + s] * v.scale(s);
       for (int64_t d = 0; d < D; ++d) acc[m * D + d] += w * K::at(r, d);
@@ -376,7 +388,7 @@ void scores_avx512bf16(const bf16* q, Stretch k, float* out, int64_t M, int64_t 
   const int64_t D32 = D / 32 * 32, A = ahead_rows(D, sizeof(bf16));
   for (int64_t s = s0; s < s1; ++s) {
     const bf16* ks = static_cast<const bf16*>(k.p) + s * k.ss;
-    prefetch_row(ks + A * k.ss, D * sizeof(bf16));
+    prefetch_row(ks + A * k.ss, D * sizeof(bf16), false);
     for (int64_t m = 0; m < M; ++m) {
       __m512 acc = _mm512_setzero_ps();
       for (int64_t d = 0; d < D32; d += 32)
@@ -436,7 +448,7 @@ REGIONKV_INLINE void scores_rows(const float* qf, const K k, float* out, int64_t
     decltype(k.row(s)) ks[4];
     for (int j = 0; j < 4; ++j) {
       ks[j] = k.row(s + j);
-      prefetch_row(k.row(s + j + A), D * K::kElem);
+      prefetch_row(k.row(s + j + A), D * K::kElem, k.once);
     }
     __m256 acc[R][4];
     for (auto& a : acc) for (auto& v : a) v = _mm256_setzero_ps();
@@ -519,7 +531,7 @@ REGIONKV_INLINE void scores_rows(const float* qb, Codes w, float* out, int64_t M
   const int64_t A = ahead_rows(D, 1);
   for (int64_t s = s0; s < s1; ++s) {
     const int8_t* r = w.row(s);
-    prefetch_row(w.row(s + A), D);
+    prefetch_row(w.row(s + A), D, w.once);
     F kv[V];
     for (int j = 0; j < V; ++j) kv[j] = lanes(r + L * j);
     for (int64_t m = 0; m < M; ++m) {
@@ -622,15 +634,16 @@ at::Tensor scores(const at::Tensor& q, const at::Tensor& k, int64_t isa) {
   float* o = out.data_ptr<float>();
   const float* qf = kernel == 2 ? nullptr : qc.data_ptr<float>();
   const bf16* qh = kernel == 2 ? qc.data_ptr<bf16>() : nullptr;
+  const bool once = read_once(isa, M);
   pieces(BH, S, [&](int64_t bh, int64_t, int64_t s0, int64_t s1) {
     Stretch ks = stretch(k, bh, elem);
     float* ob = o + bh * M * S;
     const float* qfb = qf ? qf + bh * M * D : nullptr;
     const bf16* qhb = qh ? qh + bh * M * D : nullptr;
     if (k.scalar_type() == at::kFloat)
-      scores_of(isa, qfb, qhb, Rows<float>{ks}, ob, M, S, D, s0, s1);
+      scores_of(isa, qfb, qhb, Rows<float>{ks, once}, ob, M, S, D, s0, s1);
     else
-      scores_of(isa, qfb, qhb, Rows<bf16>{ks}, ob, M, S, D, s0, s1);
+      scores_of(isa, qfb, qhb, Rows<bf16>{ks, once}, ob, M, S, D, s0, s1);
   });
   return out;
 }
@@ -648,14 +661,15 @@ at::Tensor mix(const at::Tensor& p, const at::Tensor& v, int64_t isa) {
   const int64_t elem = v.element_size();
   const float* pp = pc.data_ptr<float>();
   float* acc = part.data();
+  const bool once = read_once(isa, M);
   pieces(BH, S, [&](int64_t bh, int64_t block, int64_t s0, int64_t s1) {
     Stretch vs = stretch(v, bh, elem);
     const float* pb = pp + bh * M * S;
     float* ab = acc + (bh * blocks + block) * M * D;
     if (v.scalar_type() == at::kFloat)
-      mix_with(kernel, pb, Rows<float>{vs}, ab, M, S, D, s0, s1);
+      mix_with(kernel, pb, Rows<float>{vs, once}, ab, M, S, D, s0, s1);
     else
-      mix_with(kernel, pb, Rows<bf16>{vs}, ab, M, S, D, s0, s1);
+      mix_with(kernel, pb, Rows<bf16>{vs, once}, ab, M, S, D, s0, s1);
   });
   at::Tensor out = at::empty({p.size(0), p.size(1), M, D}, p.options());
   float* o = out.data_ptr<float>();
@@ -836,15 +850,16 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& q, const at::Tensor&
   } else {
     const at::Tensor qf = q.to(at::kFloat).contiguous();
     const int64_t elem = k.element_size();
+    const bool once = read_once(isa, M);
     if (k.scalar_type() == at::kFloat) {
       run(qf.data_ptr<float>(), nullptr,
-          [&](int64_t bh) { return Rows<float>{stretch(k, bh, elem)}; },
-          [&](int64_t bh) { return Rows<float>{stretch(v, bh, elem)}; });
+          [&](int64_t bh) { return Rows<float>{stretch(k, bh, elem), once}; },
+          [&](int64_t bh) { return Rows<float>{stretch(v, bh, elem), once}; });
     } else {
       const at::Tensor qh = isa == 2 ? q.to(at::kBFloat16).contiguous() : at::Tensor();
       run(qf.data_ptr<float>(), isa == 2 ? qh.data_ptr<bf16>() : nullptr,
-          [&](int64_t bh) { return Rows<bf16>{stretch(k, bh, elem)}; },
-          [&](int64_t bh) { return Rows<bf16>{stretch(v, bh, elem)}; });
+          [&](int64_t bh) { return Rows<bf16>{stretch(k, bh, elem), once}; },
+          [&](int64_t bh) { return Rows<bf16>{stretch(v, bh, elem), once}; });
     }
   }
   at::Tensor y = at::empty({B, H, M, D}, q.options().dtype(at::kFloat));
