@@ -1,7 +1,8 @@
 #!/bin/sh
-# s63's measurements on machine D at the final code, one at a time (docs/PERFORMANCE.md, 6zm).
+# The final targets on machine D, one at a time (docs/PERFORMANCE.md, 6zm; 6zn as `run.sh s64`):
+# the files go to docs/perf/machine-d/STOP (s63 unless given).
 cd "$(dirname "$0")/../../../.." || exit 1
-out=docs/perf/machine-d/s63
+out=docs/perf/machine-d/${1:-s63}
 # targets 4 and 5: full at 1k against the bandwidth probe, and against llama.cpp
 for dt in bfloat16 float32; do
   python bench.py --dtype $dt --contexts 256,1024 --new_tokens 32 --compile on \
