@@ -61,7 +61,7 @@ sees the machine in the same state:
                   2 MiB pages that load_model moves them to (the step before section 6zm)
     serial        the engine's step with Inductor's own kernels generated for one thread
                   (cpp.threads = 1: no OpenMP region in them; the GEMV and attention kernels
-                  keep both threads)
+                  keep both threads; section 6zn: slower)
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
