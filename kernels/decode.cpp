@@ -266,10 +266,12 @@ inline __attribute__((always_inline)) void prefetch_row(const void* row, int64_t
 }
 
 // Whether AVX2's loops read each line of a float stretch once for M query rows: scores takes
-// three rows a pass and mix three rows of a pass's columns (its passes split the row's lines).
-// The GQA group of a decode step at batch 1 is 3 rows on the default model. INT8 rows are
-// re-read (mix's passes take half a line each), and AVX-512 keeps T0: unmeasured there.
-inline bool read_once(int64_t isa, int64_t M) { return isa == 1 && M <= 3; }
+// three rows a pass and mix kOnceRows rows of a pass's columns (its passes split the row's
+// lines; avx2 checks its passes against this). The GQA group of a decode step at batch 1 is 3
+// rows on the default model. INT8 rows are re-read (mix's passes take half a line each), and
+// AVX-512 keeps T0: unmeasured there.
+constexpr int64_t kOnceRows = 3;
+inline bool read_once(int64_t isa, int64_t M) { return isa == 1 && M <= kOnceRows; }
 
 // ---- what a stretch holds: the readers every attention loop takes --------------------------
 // Rows<T>: float32 or bfloat16 keys or values. Codes: an INT8 stretch, a slot's D codes in D/4
@@ -419,6 +421,8 @@ typedef float f16 __attribute__((vector_size(64)));
 namespace avx2 {
 using F = f8;
 constexpr int L = 8, kRows64 = 3, kRows128 = 3, kPass64 = 4, kPass128 = 4;
+static_assert(kOnceRows <= 3 && kRows64 >= kOnceRows && kRows128 >= kOnceRows,
+              "read_once: scores (scores_by_three) and mix take kOnceRows rows in one pass");
 REGIONKV_INLINE F lanes(const bf16* p) {  // bfloat16: float32's high half
   return (F)_mm256_slli_epi32(
       _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
