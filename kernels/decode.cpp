@@ -9,9 +9,11 @@
 //                                   call (float32, bfloat16 or INT8), and each row's log-sum-exp
 //
 // A decode step reads every weight once for one row: memory bound, ~1 FLOP a byte. Each thread
-// streams one contiguous band of W's rows, four rows at a time (four accumulators in flight, x
-// read once for them), and prefetches the rows 8 KB ahead of its loads: on the pool's VMs the
-// hardware prefetcher alone leaves a quarter of the bandwidth unused on these short rows.
+// streams one contiguous band of W's rows and prefetches it 8 KB ahead of its loads (on the
+// pool's VMs the hardware prefetcher alone leaves a quarter of the bandwidth unused on these
+// short rows): AVX2 a row at a time, one sequential stream (machine D's memory serves four rows
+// in flight, four streams, a fifth to a third slower); AVX-512 four rows at a time, x read once
+// for them.
 // Attention reads each cached key and value once for all the query rows of its head (the
 // reductions Inductor writes for it read a key once per row and sum across lanes per row); its
 // loops take a reader of the stretch as stored (Rows<T>, Codes), one loop for float32,
@@ -39,7 +41,7 @@ namespace {
 
 #define REGIONKV_INLINE inline __attribute__((always_inline))  // takes its caller's target
 using bf16 = c10::BFloat16;
-constexpr int64_t kRows = 4;             // W rows a pass
+constexpr int64_t kRows = 4;             // W rows a pass (AVX-512), a band's unit
 constexpr int64_t kAheadBytes = 8192;    // prefetch distance along a band
 
 inline float widen(bf16 v) { return static_cast<float>(v); }
@@ -71,76 +73,83 @@ __attribute__((target("avx2,fma"))) inline void ahead(const void* p) {
   _mm_prefetch(static_cast<const char*>(p) + kAheadBytes, _MM_HINT_NTA);
 }
 
-// AVX2, float32 weights: 8 lanes a load.
+// AVX2, float32 weights, one row at a time, as bfloat16's below (one sequential stream a
+// thread; 5-9% faster than four rows in flight on machine D): a line an iteration, in two
+// chains a row of x.
+template <int M>
+__attribute__((target("avx2,fma")))
+REGIONKV_INLINE void eight(const float* wk, const float* x, int64_t K, __m256 (&acc)[M][2],
+                           int c) {  // 8 lanes of a row into chain c
+  const __m256 wv = _mm256_loadu_ps(wk);
+  for (int m = 0; m < M; ++m)
+    acc[m][c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K), acc[m][c]);
+}
+
 template <int M>
 __attribute__((target("avx2,fma")))
 void rows_avx2(const float* w, const float* x, float* y, int64_t N, int64_t K, int64_t r0,
                int64_t r1) {
-  const int64_t K8 = K / 8 * 8;
-  int64_t n = r0;
-  for (; n + kRows <= r1; n += kRows) {
-    __m256 acc[kRows][M];
-    for (auto& a : acc) for (auto& v : a) v = _mm256_setzero_ps();
+  const int64_t K16 = K / 16 * 16, K8 = K / 8 * 8;
+  for (int64_t n = r0; n < r1; ++n) {
     const float* wn = w + n * K;
-    for (int64_t k = 0; k < K8; k += 8) {
-      __m256 xv[M];
-      for (int m = 0; m < M; ++m) xv[m] = _mm256_loadu_ps(x + m * K + k);
-      for (int r = 0; r < kRows; ++r) {
-        if (k % 16 == 0) ahead(wn + r * K + k);  // one prefetch a 64-byte line
-        __m256 wv = _mm256_loadu_ps(wn + r * K + k);
-        for (int m = 0; m < M; ++m) acc[r][m] = _mm256_fmadd_ps(wv, xv[m], acc[r][m]);
-      }
+    __m256 acc[M][2];
+    for (auto& a : acc) for (auto& v : a) v = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K16; k += 16) {
+      ahead(wn + k);
+      eight<M>(wn + k, x + k, K, acc, 0);
+      eight<M>(wn + k + 8, x + k + 8, K, acc, 1);
     }
-    for (int r = 0; r < kRows; ++r)
-      for (int m = 0; m < M; ++m) {
-        float s = hsum(acc[r][m]);
-        for (int64_t k = K8; k < K; ++k) s += wn[r * K + k] * x[m * K + k];
-        y[m * N + n + r] = s;
-      }
+    if (K8 > K16) eight<M>(wn + K16, x + K16, K, acc, 0);
+    for (int m = 0; m < M; ++m) {
+      float s = hsum(_mm256_add_ps(acc[m][0], acc[m][1]));
+      for (int64_t k = K8; k < K; ++k) s += wn[k] * x[m * K + k];
+      y[m * N + n] = s;
+    }
   }
-  rows_portable<M>(w, x, y, N, K, n, r1);
 }
 
-// AVX2, bfloat16 weights, 16 a load without shuffles: a 32-bit lane holds elements 2i (low half)
-// and 2i+1 (high half), so masking gives 2i+1 as a float and shifting gives 2i. x comes split
-// into its even and odd elements, widened once (xe, xo: [M, K/2]).
+// AVX2, bfloat16 weights, one row at a time: a thread's band is one sequential stream (four
+// rows in flight are four streams, which machine D's memory serves 18-20% slower for bfloat16's
+// short rows: PERFORMANCE 6zo), a 64-byte line an iteration. 16 elements a load without
+// shuffles: a 32-bit lane holds elements 2i (low half) and 2i+1 (high half), so masking gives
+// 2i+1 as a float and shifting gives 2i. x comes split into its even and odd elements, widened
+// once (xe, xo: [M, K/2]). Four chains a row of x: a line's two halves, even and odd.
+template <int M>
+__attribute__((target("avx2,fma")))
+REGIONKV_INLINE void half_line(const bf16* wk, const float* xe, const float* xo, int64_t H,
+                               __m256 (&acc)[M][4], int c) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk));
+  const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  const __m256 hi = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+  for (int m = 0; m < M; ++m) {
+    acc[m][2 * c] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xe + m * H), acc[m][2 * c]);
+    acc[m][2 * c + 1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xo + m * H), acc[m][2 * c + 1]);
+  }
+}
+
 template <int M>
 __attribute__((target("avx2,fma")))
 void rows_avx2(const bf16* w, const float* xe, const float* xo, const bf16* x, bf16* y,
                int64_t N, int64_t K, int64_t r0, int64_t r1) {
-  const int64_t K16 = K / 16 * 16, H = K / 2;
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  int64_t n = r0;
-  for (; n + kRows <= r1; n += kRows) {
-    __m256 acc[kRows][M], odd[kRows][M];  // even and odd elements: two chains, not one
-    for (auto& a : acc) for (auto& v : a) v = _mm256_setzero_ps();
-    for (auto& a : odd) for (auto& v : a) v = _mm256_setzero_ps();
+  const int64_t K32 = K / 32 * 32, K16 = K / 16 * 16, H = K / 2;
+  for (int64_t n = r0; n < r1; ++n) {
     const bf16* wn = w + n * K;
-    for (int64_t k = 0; k < K16; k += 16) {
-      __m256 ev[M], od[M];
-      for (int m = 0; m < M; ++m) {
-        ev[m] = _mm256_loadu_ps(xe + m * H + k / 2);
-        od[m] = _mm256_loadu_ps(xo + m * H + k / 2);
-      }
-      for (int r = 0; r < kRows; ++r) {
-        if (k % 32 == 0) ahead(wn + r * K + k);
-        __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wn + r * K + k));
-        __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-        __m256 hi = _mm256_castsi256_ps(_mm256_and_si256(v, high));
-        for (int m = 0; m < M; ++m) {
-          acc[r][m] = _mm256_fmadd_ps(lo, ev[m], acc[r][m]);
-          odd[r][m] = _mm256_fmadd_ps(hi, od[m], odd[r][m]);
-        }
-      }
+    __m256 acc[M][4];
+    for (auto& a : acc) for (auto& v : a) v = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K32; k += 32) {
+      ahead(wn + k);
+      half_line<M>(wn + k, xe + k / 2, xo + k / 2, H, acc, 0);
+      half_line<M>(wn + k + 16, xe + k / 2 + 8, xo + k / 2 + 8, H, acc, 1);
     }
-    for (int r = 0; r < kRows; ++r)
-      for (int m = 0; m < M; ++m) {
-        float s = hsum(_mm256_add_ps(acc[r][m], odd[r][m]));
-        for (int64_t k = K16; k < K; ++k) s += widen(wn[r * K + k]) * widen(x[m * K + k]);
-        y[m * N + n + r] = static_cast<bf16>(s);
-      }
+    if (K16 > K32) half_line<M>(wn + K32, xe + K32 / 2, xo + K32 / 2, H, acc, 0);
+    for (int m = 0; m < M; ++m) {
+      float s = hsum(_mm256_add_ps(_mm256_add_ps(acc[m][0], acc[m][1]),
+                                   _mm256_add_ps(acc[m][2], acc[m][3])));
+      for (int64_t k = K16; k < K; ++k) s += widen(wn[k]) * widen(x[m * K + k]);
+      y[m * N + n] = static_cast<bf16>(s);
+    }
   }
-  rows_portable<M>(w, x, y, N, K, n, r1);
 }
 
 // AVX-512 BF16: one instruction multiplies 32 bfloat16 pairs and adds them into 16 floats.
