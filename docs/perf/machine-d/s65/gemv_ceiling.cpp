@@ -2,11 +2,14 @@
 // of wqkv 960x576, wo 576x576, w1 and w3 1536x576, w2 576x1536, then the tied head 49152x576)
 // from one arena in 2 MiB pages, driven from C++ (no Python, no dispatcher) on two OpenMP
 // threads, each weight's 4-row groups split in halves as the engine's GEMV splits them.
-//   g++ -O3 -fopenmp gemv_ceiling.cpp -o gemv_ceiling && ./gemv_ceiling KIND [head|layers]
-// KIND: bf16     the engine's AVX2 bfloat16 loop (kernels/decode.cpp, rows_avx2 for bf16)
-//       loads    the same reads and prefetches, one xor a load: what memory gives this pattern
-//       f32      the engine's AVX2 float32 loop over float32 weights (twice the bytes)
-//       stream   a plain read of the whole arena, 8 lanes a load, each thread half of it
+//   g++ -O3 -fopenmp [-DROWS=1] gemv_ceiling.cpp -o gemv_ceiling && ./gemv_ceiling KIND [PART]
+// PART: step (default), head or layers. KIND:
+//   bf16x4  the AVX2 bfloat16 loop before 6zo: four rows in flight, x read once for them
+//   bf16    the AVX2 bfloat16 loop since 6zo: a row at a time, one sequential stream a thread
+//   loads   bf16x4's reads and prefetches (ROWS rows in flight, 4 unless -DROWS=N), one xor a
+//           load and no arithmetic: what memory gives that pattern
+//   f32x4, f32  the float32 loops before and since 6zo, over float32 weights (twice the bytes)
+//   stream  a plain read of the whole arena, 8 lanes a load, each thread half of it
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
@@ -19,7 +22,10 @@
 #include <vector>
 
 using u16 = uint16_t;
-constexpr int R = 4;          // kRows
+#ifndef ROWS
+#define ROWS 4
+#endif
+constexpr int R = 4;          // kRows (bf16x4, f32x4)
 constexpr int kAhead = 8192;  // kAheadBytes
 
 __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
@@ -32,7 +38,7 @@ __attribute__((target("avx2,fma"))) inline void ahead(const void* p) {
 }
 
 __attribute__((target("avx2,fma")))
-void bf16(const u16* w, const float* xe, const float* xo, float* y, int64_t K, int64_t r0,
+void bf16x4(const u16* w, const float* xe, const float* xo, float* y, int64_t K, int64_t r0,
           int64_t r1) {
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t n = r0; n + R <= r1; n += R) {
@@ -55,22 +61,23 @@ void bf16(const u16* w, const float* xe, const float* xo, float* y, int64_t K, i
 __attribute__((target("avx2,fma")))
 void loads(const u16* w, const float*, const float*, float* y, int64_t K, int64_t r0,
            int64_t r1) {
-  for (int64_t n = r0; n + R <= r1; n += R) {
-    __m256i acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+  for (int64_t n = r0; n + ROWS <= r1; n += ROWS) {
+    __m256i acc[ROWS];
+    for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_si256();
     const u16* wn = w + n * K;
     for (int64_t k = 0; k < K; k += 16)
-      for (int r = 0; r < R; ++r) {
+      for (int r = 0; r < ROWS; ++r) {
         if (k % 32 == 0) ahead(wn + r * K + k);
         acc[r] = _mm256_xor_si256(
             acc[r], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wn + r * K + k)));
       }
-    for (int r = 0; r < R; ++r) y[n + r] = static_cast<float>(_mm256_extract_epi32(acc[r], 0));
+    for (int r = 0; r < ROWS; ++r)
+      y[n + r] = static_cast<float>(_mm256_extract_epi32(acc[r], 0));
   }
 }
 
 __attribute__((target("avx2,fma")))
-void f32(const float* w, const float* x, float* y, int64_t K, int64_t r0, int64_t r1) {
+void f32x4(const float* w, const float* x, float* y, int64_t K, int64_t r0, int64_t r1) {
   for (int64_t n = r0; n + R <= r1; n += R) {
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -83,6 +90,43 @@ void f32(const float* w, const float* x, float* y, int64_t K, int64_t r0, int64_
       }
     }
     for (int r = 0; r < R; ++r) y[n + r] = hsum(acc[r]);
+  }
+}
+
+__attribute__((target("avx2,fma")))
+void bf16(const u16* w, const float* xe, const float* xo, float* y, int64_t K, int64_t r0,
+          int64_t r1) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t n = r0; n < r1; ++n) {
+    __m256 a[4] = {};
+    const u16* wn = w + n * K;
+    for (int64_t k = 0; k < K; k += 32) {
+      ahead(wn + k);
+      for (int c = 0; c < 2; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wn + k + 16 * c));
+        const __m256 e = _mm256_loadu_ps(xe + k / 2 + 8 * c);
+        const __m256 o = _mm256_loadu_ps(xo + k / 2 + 8 * c);
+        a[2 * c] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), e, a[2 * c]);
+        a[2 * c + 1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, high)), o,
+                                       a[2 * c + 1]);
+      }
+    }
+    y[n] = hsum(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+  }
+}
+
+__attribute__((target("avx2,fma")))
+void f32(const float* w, const float* x, float* y, int64_t K, int64_t r0, int64_t r1) {
+  for (int64_t n = r0; n < r1; ++n) {
+    __m256 a[2] = {};
+    const float* wn = w + n * K;
+    for (int64_t k = 0; k < K; k += 16) {
+      ahead(wn + k);
+      for (int c = 0; c < 2; ++c)
+        a[c] = _mm256_fmadd_ps(_mm256_loadu_ps(wn + k + 8 * c), _mm256_loadu_ps(x + k + 8 * c),
+                               a[c]);
+    }
+    y[n] = hsum(_mm256_add_ps(a[0], a[1]));
   }
 }
 
@@ -103,7 +147,7 @@ int main(int argc, char** argv) {
   if (part != "layers") shapes.push_back({49152, 576});
   int64_t elems = 0;
   for (auto s : shapes) elems += s.n * s.k;
-  const size_t es = kind == "f32" ? 4 : 2, bytes = elems * es;
+  const size_t es = kind.rfind("f32", 0) == 0 ? 4 : 2, bytes = elems * es;
   const size_t len = (bytes + (2u << 20)) & ~size_t((2u << 20) - 1);
   char* a = static_cast<char*>(mmap(nullptr, len, PROT_READ | PROT_WRITE,
                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
@@ -130,10 +174,12 @@ int main(int argc, char** argv) {
         {
           const int t = omp_get_thread_num();
           const int64_t r0 = groups * t / 2 * R, r1 = groups * (t + 1) / 2 * R;
-          if (kind == "f32") f32(reinterpret_cast<const float*>(a + off), x.data(), y.data(), s.k,
-                                 r0, r1);
-          else (kind == "loads" ? loads : bf16)(reinterpret_cast<const u16*>(a + off), xe.data(),
-                                                xo.data(), y.data(), s.k, r0, r1);
+          const float* wf = reinterpret_cast<const float*>(a + off);
+          const u16* wh = reinterpret_cast<const u16*>(a + off);
+          if (kind == "f32") f32(wf, x.data(), y.data(), s.k, r0, r1);
+          else if (kind == "f32x4") f32x4(wf, x.data(), y.data(), s.k, r0, r1);
+          else (kind == "loads" ? loads : kind == "bf16" ? bf16 : bf16x4)(
+              wh, xe.data(), xo.data(), y.data(), s.k, r0, r1);
         }
         off += s.n * s.k * es;
       }
@@ -141,7 +187,7 @@ int main(int argc, char** argv) {
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = dt < best ? dt : best;
   }
-  std::printf("%-6s %-6s %4zu MB, %zu calls: %7.3f ms %5.1f GB/s (best of 9)\n", kind.c_str(),
-              part.c_str(), bytes / 1000000, kind == "stream" ? size_t(1) : shapes.size(),
-              best * 1e3, bytes / best / 1e9);
+  std::printf("%-6s (ROWS %d) %-6s %4zu MB, %zu calls: %7.3f ms %5.1f GB/s (best of 9)\n",
+              kind.c_str(), ROWS, part.c_str(), bytes / 1000000,
+              kind == "stream" ? size_t(1) : shapes.size(), best * 1e3, bytes / best / 1e9);
 }
