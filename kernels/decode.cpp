@@ -12,8 +12,7 @@
 // streams one contiguous band of W's rows and prefetches it 8 KB ahead of its loads (on the
 // pool's VMs the hardware prefetcher alone leaves a quarter of the bandwidth unused on these
 // short rows): AVX2 a row at a time, one sequential stream (machine D's memory serves four rows
-// in flight, four streams, a fifth to a third slower); AVX-512 four rows at a time, x read once
-// for them.
+// in flight, four streams, 15-29% slower); AVX-512 four rows at a time, x read once for them.
 // Attention reads each cached key and value once for all the query rows of its head (the
 // reductions Inductor writes for it read a key once per row and sum across lanes per row); its
 // loops take a reader of the stretch as stored (Rows<T>, Codes), one loop for float32,
@@ -109,8 +108,8 @@ void rows_avx2(const float* w, const float* x, float* y, int64_t N, int64_t K, i
 }
 
 // AVX2, bfloat16 weights, one row at a time: a thread's band is one sequential stream (four
-// rows in flight are four streams, which machine D's memory serves 18-20% slower for bfloat16's
-// short rows: PERFORMANCE 6zo), a 64-byte line an iteration. 16 elements a load without
+// rows in flight are four streams, which machine D's memory serves 15-29% slower for
+// bfloat16's short rows: PERFORMANCE 6zo), a 64-byte line an iteration. 16 elements a load without
 // shuffles: a 32-bit lane holds elements 2i (low half) and 2i+1 (high half), so masking gives
 // 2i+1 as a float and shifting gives 2i. x comes split into its even and odd elements, widened
 // once (xe, xo: [M, K/2]). Four chains a row of x: a line's two halves, even and odd.
