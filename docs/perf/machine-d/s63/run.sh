@@ -1,5 +1,6 @@
 #!/bin/sh
-# The final targets on machine D, one at a time (docs/PERFORMANCE.md, 6zm; 6zn as `run.sh s64`):
+# The final targets on machine D, one at a time (docs/PERFORMANCE.md, 6zm; 6zn as `run.sh s64`,
+# 6zo as `run.sh s65`):
 # the files go to docs/perf/machine-d/STOP (s63 unless given).
 cd "$(dirname "$0")/../../../.." || exit 1
 out=docs/perf/machine-d/${1:-s63}
