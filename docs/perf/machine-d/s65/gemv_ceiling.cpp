@@ -10,6 +10,9 @@
 //           load and no arithmetic: what memory gives that pattern
 //   f32x4, f32  the float32 loops before and since 6zo, over float32 weights (twice the bytes)
 //   stream  a plain read of the whole arena, 8 lanes a load, each thread half of it
+//   b512x4  the AVX-512 BF16 loop (machines B, C, E): four rows, x read once for them, T0
+//   b512    the same a row at a time, one sequential stream a thread (PERFORMANCE 6zp)
+//   Both prefetch with HINT (-DHINT=_MM_HINT_NTA; T0 unless given).
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
@@ -27,6 +30,9 @@ using u16 = uint16_t;
 #endif
 constexpr int R = 4;          // kRows (bf16x4, f32x4)
 constexpr int kAhead = 8192;  // kAheadBytes
+#ifndef HINT
+#define HINT _MM_HINT_T0
+#endif
 
 __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -130,6 +136,37 @@ void f32(const float* w, const float* x, float* y, int64_t K, int64_t r0, int64_
   }
 }
 
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+void b512x4(const u16* w, const u16* x, float* y, int64_t K, int64_t r0, int64_t r1) {
+  for (int64_t n = r0; n + R <= r1; n += R) {
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    const u16* wn = w + n * K;
+    for (int64_t k = 0; k < K; k += 32) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + k);
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(wn + r * K + k) + kAhead, HINT);
+        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(wn + r * K + k), xv);
+      }
+    }
+    for (int r = 0; r < R; ++r) y[n + r] = _mm512_reduce_add_ps(acc[r]);
+  }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+void b512(const u16* w, const u16* x, float* y, int64_t K, int64_t r0, int64_t r1) {
+  for (int64_t n = r0; n < r1; ++n) {
+    __m512 a[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    const u16* wn = w + n * K;
+    for (int64_t k = 0; k < K; k += 32) {  // K is a multiple of 64 in every shape here
+      _mm_prefetch(reinterpret_cast<const char*>(wn + k) + kAhead, HINT);
+      a[(k / 32) % 2] = _mm512_dpbf16_ps(a[(k / 32) % 2], (__m512bh)_mm512_loadu_si512(wn + k),
+                                         (__m512bh)_mm512_loadu_si512(x + k));
+    }
+    y[n] = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
+  }
+}
+
 __attribute__((target("avx2,fma"))) float stream(const char* p, size_t bytes) {
   __m256 s[4] = {};
   for (size_t i = 0; i + 128 <= bytes; i += 128)
@@ -155,6 +192,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < bytes; i += 2)  // small normal bfloat16 values (and float32 halves)
     *reinterpret_cast<u16*>(a + i) = static_cast<u16>(0x3c00 + (i * 2654435761u >> 20) % 255);
   std::vector<float> x(2048, 0.01f), xe(1024, 0.01f), xo(1024, 0.02f), y(49152);
+  std::vector<u16> xh(2048, 0x3c23);  // x as bfloat16 (b512x4, b512)
   double best = 1e9;
   for (int it = 0; it < 9; ++it) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -178,6 +216,8 @@ int main(int argc, char** argv) {
           const u16* wh = reinterpret_cast<const u16*>(a + off);
           if (kind == "f32") f32(wf, x.data(), y.data(), s.k, r0, r1);
           else if (kind == "f32x4") f32x4(wf, x.data(), y.data(), s.k, r0, r1);
+          else if (kind == "b512x4") b512x4(wh, xh.data(), y.data(), s.k, r0, r1);
+          else if (kind == "b512") b512(wh, xh.data(), y.data(), s.k, r0, r1);
           else (kind == "loads" ? loads : kind == "bf16" ? bf16 : bf16x4)(
               wh, xe.data(), xo.data(), y.data(), s.k, r0, r1);
         }
@@ -187,7 +227,7 @@ int main(int argc, char** argv) {
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = dt < best ? dt : best;
   }
-  std::printf("%-6s (ROWS %d) %-6s %4zu MB, %zu calls: %7.3f ms %5.1f GB/s (best of 9)\n",
-              kind.c_str(), ROWS, part.c_str(), bytes / 1000000,
+  std::printf("%-6s (ROWS %d, HINT %d) %-6s %4zu MB, %zu calls: %7.3f ms %5.1f GB/s (best of 9)\n",
+              kind.c_str(), ROWS, static_cast<int>(HINT), part.c_str(), bytes / 1000000,
               kind == "stream" ? size_t(1) : shapes.size(), best * 1e3, bytes / best / 1e9);
 }
