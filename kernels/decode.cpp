@@ -64,12 +64,16 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-// A weight is read once a step, and the model is many times the last-level cache: the AVX2
-// loops prefetch it non-temporally (NTA: into L1, not left in L2 / L3 for other data to be
-// evicted by), 7-10% faster than T0 on machine D (PERFORMANCE 6zm). AVX-512 keeps T0
-// (unmeasured).
+// A weight is read once a step, and the model is many times the last-level cache: on a CPU
+// with AVX2 alone the AVX2 loops prefetch it non-temporally (NTA, `once`: into L1, not left in
+// L2 / L3 for other data to be evicted by), 7-10% faster than T0 on machine D (PERFORMANCE
+// 6zm). On AVX-512 CPUs, where float32 weights take the AVX2 loop too, T0: NTA there read a
+// step's float32 weights at 11 GB/s against 29-31 with T0 on machine E (Intel, PERFORMANCE
+// 6zp), as attention's reads keep T0 there (read_once).
+template <bool once>
 __attribute__((target("avx2,fma"))) inline void ahead(const void* p) {
-  _mm_prefetch(static_cast<const char*>(p) + kAheadBytes, _MM_HINT_NTA);
+  if constexpr (once) _mm_prefetch(static_cast<const char*>(p) + kAheadBytes, _MM_HINT_NTA);
+  else _mm_prefetch(static_cast<const char*>(p) + kAheadBytes, _MM_HINT_T0);
 }
 
 // AVX2, float32 weights, one row at a time, as bfloat16's below (one sequential stream a
@@ -84,7 +88,7 @@ REGIONKV_INLINE void eight(const float* wk, const float* x, int64_t K, __m256 (&
     acc[m][c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K), acc[m][c]);
 }
 
-template <int M>
+template <int M, bool once>
 __attribute__((target("avx2,fma")))
 void rows_avx2(const float* w, const float* x, float* y, int64_t N, int64_t K, int64_t r0,
                int64_t r1) {
@@ -94,7 +98,7 @@ void rows_avx2(const float* w, const float* x, float* y, int64_t N, int64_t K, i
     __m256 acc[M][2];
     for (auto& a : acc) for (auto& v : a) v = _mm256_setzero_ps();
     for (int64_t k = 0; k < K16; k += 16) {
-      ahead(wn + k);
+      ahead<once>(wn + k);
       eight<M>(wn + k, x + k, K, acc, 0);
       eight<M>(wn + k + 8, x + k + 8, K, acc, 1);
     }
@@ -127,7 +131,7 @@ REGIONKV_INLINE void half_line(const bf16* wk, const float* xe, const float* xo,
   }
 }
 
-template <int M>
+template <int M, bool once>
 __attribute__((target("avx2,fma")))
 void rows_avx2(const bf16* w, const float* xe, const float* xo, const bf16* x, bf16* y,
                int64_t N, int64_t K, int64_t r0, int64_t r1) {
@@ -137,7 +141,7 @@ void rows_avx2(const bf16* w, const float* xe, const float* xo, const bf16* x, b
     __m256 acc[M][4];
     for (auto& a : acc) for (auto& v : a) v = _mm256_setzero_ps();
     for (int64_t k = 0; k < K32; k += 32) {
-      ahead(wn + k);
+      ahead<once>(wn + k);
       half_line<M>(wn + k, xe + k / 2, xo + k / 2, H, acc, 0);
       half_line<M>(wn + k + 16, xe + k / 2 + 8, xo + k / 2 + 8, H, acc, 1);
     }
@@ -205,7 +209,9 @@ void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y, int64_t isa) {
     const float *wp = w.data_ptr<float>(), *xp = x.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     if (isa == 0) band([&](int64_t a, int64_t b) { rows_portable<M>(wp, xp, yp, N, K, a, b); });
-    else band([&](int64_t a, int64_t b) { rows_avx2<M>(wp, xp, yp, N, K, a, b); });
+    else if (isa == 1)
+      band([&](int64_t a, int64_t b) { rows_avx2<M, true>(wp, xp, yp, N, K, a, b); });
+    else band([&](int64_t a, int64_t b) { rows_avx2<M, false>(wp, xp, yp, N, K, a, b); });
     return;
   }
   const bf16 *wp = w.data_ptr<bf16>(), *xp = x.data_ptr<bf16>();
@@ -221,7 +227,7 @@ void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y, int64_t isa) {
       ep[i] = widen(xp[2 * i]);
       op[i] = widen(xp[2 * i + 1]);
     }
-    band([&](int64_t a, int64_t b) { rows_avx2<M>(wp, ep, op, xp, yp, N, K, a, b); });
+    band([&](int64_t a, int64_t b) { rows_avx2<M, true>(wp, ep, op, xp, yp, N, K, a, b); });
   }
 }
 
