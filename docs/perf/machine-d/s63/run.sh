@@ -1,9 +1,10 @@
 #!/bin/sh
 # The final targets on machine D, one at a time (docs/PERFORMANCE.md, 6zm; 6zn as `run.sh s64`,
 # 6zo as `run.sh s65`):
-# the files go to docs/perf/machine-d/STOP (s63 unless given).
+# the files go to docs/perf/machine-d/STOP (s63 unless given), or to OUT (machine E's 6zp:
+# OUT=docs/perf/machine-e/s66).
 cd "$(dirname "$0")/../../../.." || exit 1
-out=docs/perf/machine-d/${1:-s63}
+out=${OUT:-docs/perf/machine-d/${1:-s63}}
 # targets 4 and 5: full at 1k against the bandwidth probe, and against llama.cpp
 for dt in bfloat16 float32; do
   python bench.py --dtype $dt --contexts 256,1024 --new_tokens 32 --compile on \
