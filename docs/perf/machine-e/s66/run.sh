@@ -6,8 +6,10 @@ cd "$(dirname "$0")/../../../.." || exit 1
 out=docs/perf/machine-e/s66
 OUT=$out sh docs/perf/machine-d/s63/run.sh
 all=streaming,quantized,h2o,tova,a2sf,weightedkv,weightedkv-evict,cam,lagkv,knorm,keydiff
-for dt in bfloat16 float32; do
-  python scripts/interleaved_overhead.py 4096 $all $dt > $out/interleaved-4096-$dt-all.txt 2>&1
+for ctx in 4096 1024; do
+  for dt in bfloat16 float32; do
+    python scripts/interleaved_overhead.py $ctx $all $dt > $out/interleaved-$ctx-$dt-all.txt 2>&1
+  done
 done
 python scripts/interleaved_overhead.py 4096 streaming,weightedkv,weightedkv+int8,h2o,h2o+int8 \
   bfloat16 > $out/interleaved-4096-bfloat16-int8.txt 2>&1
@@ -19,3 +21,8 @@ done
 python bench.py --dtype bfloat16 --contexts 4096 --cache full,$all --cache_size 256 \
   --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on \
   --compile_prefill --json > $out/ttft-4k-bfloat16.json 2> $out/ttft-4k-bfloat16.log
+# Reruns after slow stretches (6zp), by hand: interleaved_overhead.py 4096 streaming,knorm,cam
+# float32 (-again.txt) and streaming,weightedkv,h2o,keydiff float32 (-again2.txt); the bench.py
+# line above with --cache full,quantized,h2o,cam,lagkv,knorm,keydiff (ttft-4k-bfloat16-again).
+# The 1k rows of the loop above ran after the rest, then again at 1k: streaming,a2sf,weightedkv,cam
+# bfloat16 and streaming,weightedkv-evict,lagkv,keydiff float32 (interleaved-1024-*-again.txt).
