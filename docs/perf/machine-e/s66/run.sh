@@ -15,7 +15,8 @@ python scripts/interleaved_overhead.py 4096 streaming,weightedkv,weightedkv+int8
   bfloat16 > $out/interleaved-4096-bfloat16-int8.txt 2>&1
 for dt in bfloat16 float32; do
   python bench.py --dtype $dt --contexts 4096 --cache full --new_tokens 8 --repeats 2 \
-    --compile on --peer transformers --json > $out/prefill-peer-$dt.json 2> $out/prefill-peer-$dt.log
+    --compile on --peer transformers --json \
+    > $out/prefill-peer-$dt.json 2> $out/prefill-peer-$dt.log
 done
 # target 2's second half: every policy's first token at 4k in bfloat16 (AMX prompts)
 python bench.py --dtype bfloat16 --contexts 4096 --cache full,$all --cache_size 256 \
