@@ -68,8 +68,10 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
 // with AVX2 alone the AVX2 loops prefetch it non-temporally (NTA, `once`: into L1, not left in
 // L2 / L3 for other data to be evicted by), 7-10% faster than T0 on machine D (PERFORMANCE
 // 6zm). On AVX-512 CPUs, where float32 weights take the AVX2 loop too, T0: NTA there read a
-// step's float32 weights at 11 GB/s against 29-31 with T0 on machine E (Intel, PERFORMANCE
-// 6zp), as attention's reads keep T0 there (read_once).
+// step's float32 weights at 11 GB/s against 24-26 with T0 on machine E (Intel, PERFORMANCE
+// 6zp). One rule for the weights and attention's reads (read_once).
+inline bool non_temporal(int64_t isa) { return isa == 1; }
+
 template <bool once>
 __attribute__((target("avx2,fma"))) inline void ahead(const void* p) {
   if constexpr (once) _mm_prefetch(static_cast<const char*>(p) + kAheadBytes, _MM_HINT_NTA);
@@ -209,7 +211,7 @@ void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y, int64_t isa) {
     const float *wp = w.data_ptr<float>(), *xp = x.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     if (isa == 0) band([&](int64_t a, int64_t b) { rows_portable<M>(wp, xp, yp, N, K, a, b); });
-    else if (isa == 1)
+    else if (non_temporal(isa))
       band([&](int64_t a, int64_t b) { rows_avx2<M, true>(wp, xp, yp, N, K, a, b); });
     else band([&](int64_t a, int64_t b) { rows_avx2<M, false>(wp, xp, yp, N, K, a, b); });
     return;
@@ -227,6 +229,7 @@ void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y, int64_t isa) {
       ep[i] = widen(xp[2 * i]);
       op[i] = widen(xp[2 * i + 1]);
     }
+    // kernel 1 alone reaches here (kernel 2 has the AVX-512 BF16 loop): non_temporal(1)
     band([&](int64_t a, int64_t b) { rows_avx2<M, true>(wp, ep, op, xp, yp, N, K, a, b); });
   }
 }
@@ -285,7 +288,7 @@ inline __attribute__((always_inline)) void prefetch_row(const void* row, int64_t
 // rows on the default model. INT8 rows are re-read (mix's passes take half a line each), and
 // AVX-512 keeps T0: unmeasured there.
 constexpr int64_t kOnceRows = 3;
-inline bool read_once(int64_t isa, int64_t M) { return isa == 1 && M <= kOnceRows; }
+inline bool read_once(int64_t isa, int64_t M) { return non_temporal(isa) && M <= kOnceRows; }
 
 // ---- what a stretch holds: the readers every attention loop takes --------------------------
 // Rows<T>: float32 or bfloat16 keys or values. Codes: an INT8 stretch, a slot's D codes in D/4

@@ -10,7 +10,7 @@
 //           load and no arithmetic: what memory gives that pattern
 //   f32x4, f32  the float32 loops before and since 6zo, over float32 weights (twice the bytes)
 //   stream  a plain read of the whole arena, 8 lanes a load, each thread half of it
-//   b512x4  the AVX-512 BF16 loop (machines B, C, E): four rows, x read once for them, T0
+//   b512x4  the AVX-512 BF16 loop (machines B, C, E): four rows, x read once for them
 //   b512    the same a row at a time, one sequential stream a thread (PERFORMANCE 6zp)
 //   Both prefetch with HINT (-DHINT=_MM_HINT_NTA; T0 unless given); the AVX2 kinds with
 //   HINT2 (NTA unless given, as the engine's AVX2 loops).
@@ -231,7 +231,8 @@ int main(int argc, char** argv) {
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = dt < best ? dt : best;
   }
-  std::printf("%-6s (ROWS %d, HINT %d %d) %-6s %4zu MB, %zu calls: %7.3f ms %5.1f GB/s (best of 9)\n",
+  std::printf("%-6s (ROWS %d, HINT %d %d) %-6s %4zu MB, %zu calls: %7.3f ms %5.1f GB/s "
+              "(best of 9)\n",
               kind.c_str(), ROWS, static_cast<int>(HINT), static_cast<int>(HINT2),
               part.c_str(), bytes / 1000000,
               kind == "stream" ? size_t(1) : shapes.size(), best * 1e3, bytes / best / 1e9);
