@@ -1,0 +1,39 @@
+#!/bin/sh
+# Every target on machine B (AMD EPYC family 25 model 17, Zen 4, AVX-512 without AMX; PERFORMANCE
+# 6zq), one run at a time, the files in this folder: the GEMV's prefetch from C++ (both hints,
+# two rounds) and in the step, then 4, 5 and 1, 3 as on machines D and E (s63/run.sh), target 1
+# for every policy at 4k, the INT8 middle, and target 2 (against transformers, every policy).
+cd "$(dirname "$0")/../../../.." || exit 1
+out=docs/perf/zen4/s67
+src=docs/perf/machine-d/s65/gemv_ceiling.cpp
+g++ -O3 -fopenmp $src -o /tmp/gemv-t0-nta
+g++ -O3 -fopenmp -DHINT2=_MM_HINT_T0 $src -o /tmp/gemv-t0-t0
+g++ -O3 -fopenmp -DHINT=_MM_HINT_NTA $src -o /tmp/gemv-nta-nta
+{
+  echo "# machine B (AMD EPYC family 25 model 17, Zen 4, AVX-512 without AMX; 2 vCPUs), 6zq"
+  echo "# g++ -O3 -fopenmp [-DHINT=_MM_HINT_NTA | -DHINT2=_MM_HINT_T0] $src"
+  for round in 1 2; do
+    /tmp/gemv-t0-nta stream
+    for k in f32x4 f32 bf16; do /tmp/gemv-t0-nta $k; /tmp/gemv-t0-t0 $k; done
+    for k in b512x4 b512; do /tmp/gemv-t0-nta $k; /tmp/gemv-nta-nta $k; done
+  done
+} > $out/gemv-ceiling.txt 2>&1
+# the step with each hint: 750f5c9 prefetched NTA on every CPU, this code T0 on AVX-512 ones
+rm -rf /tmp/s67/base && mkdir -p /tmp/s67/base && git archive 750f5c9 | tar -x -C /tmp/s67/base
+BASE=/tmp/s67/base BEFORE=nta AFTER=t0 sh docs/perf/machine-d/s64/ab_hint.sh full float32 1024 \
+  150 3 > $out/ab-full-1k-f32.txt 2>&1
+OUT=$out sh docs/perf/machine-d/s63/run.sh
+all=streaming,quantized,h2o,tova,a2sf,weightedkv,weightedkv-evict,cam,lagkv,knorm,keydiff
+for dt in bfloat16 float32; do
+  python scripts/interleaved_overhead.py 4096 $all $dt > $out/interleaved-4096-$dt-all.txt 2>&1
+done
+python scripts/interleaved_overhead.py 4096 streaming,weightedkv,weightedkv+int8,h2o,h2o+int8 \
+  bfloat16 > $out/interleaved-4096-bfloat16-int8.txt 2>&1
+for dt in bfloat16 float32; do
+  python bench.py --dtype $dt --contexts 4096 --cache full --new_tokens 8 --repeats 2 \
+    --compile on --peer transformers --json \
+    > $out/prefill-peer-$dt.json 2> $out/prefill-peer-$dt.log
+done
+python bench.py --dtype bfloat16 --contexts 4096 --cache full,$all --cache_size 256 \
+  --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on \
+  --compile_prefill --json > $out/ttft-4k-bfloat16.json 2> $out/ttft-4k-bfloat16.log
