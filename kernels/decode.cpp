@@ -40,7 +40,7 @@ namespace {
 
 #define REGIONKV_INLINE inline __attribute__((always_inline))  // takes its caller's target
 using bf16 = c10::BFloat16;
-constexpr int64_t kRows = 4;             // W rows a pass (AVX-512), a band's unit
+constexpr int64_t kRows = 4;             // a band's unit; the AVX-512 loop's rows (Intel)
 constexpr int64_t kAheadBytes = 8192;    // prefetch distance along a band
 
 inline float widen(bf16 v) { return static_cast<float>(v); }
@@ -158,33 +158,56 @@ void rows_avx2(const bf16* w, const float* xe, const float* xo, const bf16* x, b
 }
 
 // AVX-512 BF16: one instruction multiplies 32 bfloat16 pairs and adds them into 16 floats.
-template <int M>
+// R rows in flight (rows_in_flight): four, x read once for them, or one, a thread's band one
+// sequential stream as in the AVX2 loops, a lone row's sums alternating two chains (C) so that
+// the instruction's latency is hidden.
+template <int M, int R, int C>
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+REGIONKV_INLINE void dot32(const bf16* wn, const bf16* x, int64_t K, int64_t k,
+                           __m512 (&acc)[C][R][M], int c) {  // 32 columns of R rows, chain c
+  __m512bh xv[M];
+  for (int m = 0; m < M; ++m) xv[m] = (__m512bh)_mm512_loadu_si512(x + m * K + k);
+  for (int r = 0; r < R; ++r) {
+    _mm_prefetch(reinterpret_cast<const char*>(wn + r * K + k) + kAheadBytes, _MM_HINT_T0);
+    const __m512bh wv = (__m512bh)_mm512_loadu_si512(wn + r * K + k);
+    for (int m = 0; m < M; ++m) acc[c][r][m] = _mm512_dpbf16_ps(acc[c][r][m], wv, xv[m]);
+  }
+}
+
+template <int M, int R>
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 void rows_avx512bf16(const bf16* w, const bf16* x, bf16* y, int64_t N, int64_t K, int64_t r0,
                      int64_t r1) {
+  constexpr int C = R == 1 ? 2 : 1;
   const int64_t K32 = K / 32 * 32;
   int64_t n = r0;
-  for (; n + kRows <= r1; n += kRows) {
-    __m512 acc[kRows][M];
-    for (auto& a : acc) for (auto& v : a) v = _mm512_setzero_ps();
+  for (; n + R <= r1; n += R) {
+    __m512 acc[C][R][M];
+    for (auto& a : acc) for (auto& b : a) for (auto& v : b) v = _mm512_setzero_ps();
     const bf16* wn = w + n * K;
-    for (int64_t k = 0; k < K32; k += 32) {
-      __m512bh xv[M];
-      for (int m = 0; m < M; ++m) xv[m] = (__m512bh)_mm512_loadu_si512(x + m * K + k);
-      for (int r = 0; r < kRows; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(wn + r * K + k) + kAheadBytes, _MM_HINT_T0);
-        __m512bh wv = (__m512bh)_mm512_loadu_si512(wn + r * K + k);
-        for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], wv, xv[m]);
-      }
-    }
-    for (int r = 0; r < kRows; ++r)
+    int64_t k = 0;
+    for (; k + 32 * C <= K32; k += 32 * C)
+      for (int c = 0; c < C; ++c) dot32<M, R, C>(wn, x, K, k + 32 * c, acc, c);
+    for (; k < K32; k += 32) dot32<M, R, C>(wn, x, K, k, acc, 0);
+    for (int r = 0; r < R; ++r)
       for (int m = 0; m < M; ++m) {
-        float s = _mm512_reduce_add_ps(acc[r][m]);
+        __m512 sum = acc[0][r][m];
+        for (int c = 1; c < C; ++c) sum = _mm512_add_ps(sum, acc[c][r][m]);
+        float s = _mm512_reduce_add_ps(sum);
         for (int64_t k = K32; k < K; ++k) s += widen(wn[r * K + k]) * widen(x[m * K + k]);
         y[m * N + n + r] = static_cast<bf16>(s);
       }
   }
   rows_portable<M>(w, x, y, N, K, n, r1);
+}
+
+// How many rows the AVX-512 BF16 loop keeps in flight. AMD's cores read a band fastest as one
+// stream: machine B (Zen 4) ran a step's bfloat16 GEMVs at 31-32 GB/s a row at a time against
+// 21-23 with four rows (PERFORMANCE 6zq), as machine D did its AVX2 loops (6zo). Intel's keep
+// four, what machine C met its targets with (6zd); on E the two were level or four ahead (6zp).
+inline int rows_in_flight() {
+  static const bool amd = __builtin_cpu_is("amd");
+  return amd ? 1 : kRows;
 }
 
 bool cpu_has(int64_t isa) {
@@ -220,8 +243,10 @@ void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y, int64_t isa) {
   bf16* yp = y.data_ptr<bf16>();
   if (isa == 0) {
     band([&](int64_t a, int64_t b) { rows_portable<M>(wp, xp, yp, N, K, a, b); });
+  } else if (isa == 2 && rows_in_flight() == 1) {
+    band([&](int64_t a, int64_t b) { rows_avx512bf16<M, 1>(wp, xp, yp, N, K, a, b); });
   } else if (isa == 2) {
-    band([&](int64_t a, int64_t b) { rows_avx512bf16<M>(wp, xp, yp, N, K, a, b); });
+    band([&](int64_t a, int64_t b) { rows_avx512bf16<M, kRows>(wp, xp, yp, N, K, a, b); });
   } else {
     std::vector<float> split(M * K);  // x's even elements, then its odd ones (K is even)
     float *ep = split.data(), *op = split.data() + M * K / 2;
