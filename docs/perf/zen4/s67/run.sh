@@ -38,7 +38,7 @@ python bench.py --dtype bfloat16 --contexts 4096 --cache full,$all --cache_size 
   --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on \
   --compile_prefill --json > $out/ttft-4k-bfloat16.json 2> $out/ttft-4k-bfloat16.log
 # This stop (6zq) stopped the run after s63/run.sh's 4k rows and changed the AVX-512 BF16 GEMV;
-# after it, by hand: s63's bfloat16 lines again (the *-one* files, peer-llamacpp-bfloat16-one-again),
+# after it, by hand: s63's bfloat16 lines again (the *-one* files, then -one-again),
 # the eleven at 4k in bfloat16 (-all.txt) and streaming,cam,lagkv,knorm,keydiff again (-again.txt),
 # the INT8 line and both prefill-peer lines as above, and the bfloat16 one with --compile_prefill
 # (prefill-peer-bfloat16-compiled.json). The float32 sweep and the first-token line were not run.
