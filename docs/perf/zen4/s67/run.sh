@@ -41,4 +41,4 @@ python bench.py --dtype bfloat16 --contexts 4096 --cache full,$all --cache_size 
 # after it, by hand: s63's bfloat16 lines again (the *-one* files, then -one-again),
 # the eleven at 4k in bfloat16 (-all.txt) and streaming,cam,lagkv,knorm,keydiff again (-again.txt),
 # the INT8 line and both prefill-peer lines as above, and the bfloat16 one with --compile_prefill
-# (prefill-peer-bfloat16-compiled.json). The float32 sweep and the first-token line were not run.
+# (prefill-peer-bfloat16-compiled.json), then the float32 sweep. The first-token line was not run.
