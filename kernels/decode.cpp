@@ -158,7 +158,7 @@ void rows_avx2(const bf16* w, const float* xe, const float* xo, const bf16* x, b
 }
 
 // AVX-512 BF16: one instruction multiplies 32 bfloat16 pairs and adds them into 16 floats.
-// R rows in flight (rows_in_flight): four, x read once for them, or one, a thread's band one
+// R rows in flight (one_stream): four, x read once for them, or one, a thread's band one
 // sequential stream as in the AVX2 loops, a lone row's sums alternating two chains (C) so that
 // the instruction's latency is hidden.
 template <int M, int R, int C>
@@ -201,13 +201,13 @@ void rows_avx512bf16(const bf16* w, const bf16* x, bf16* y, int64_t N, int64_t K
   rows_portable<M>(w, x, y, N, K, n, r1);
 }
 
-// How many rows the AVX-512 BF16 loop keeps in flight. AMD's cores read a band fastest as one
+// Whether the AVX-512 BF16 loop reads a row at a time. AMD's cores read a band fastest as one
 // stream: machine B (Zen 4) ran a step's bfloat16 GEMVs at 31-32 GB/s a row at a time against
 // 21-23 with four rows (PERFORMANCE 6zq), as machine D did its AVX2 loops (6zo). Intel's keep
 // four, what machine C met its targets with (6zd); on E the two were level or four ahead (6zp).
-inline int rows_in_flight() {
+inline bool one_stream() {
   static const bool amd = __builtin_cpu_is("amd");
-  return amd ? 1 : kRows;
+  return amd;
 }
 
 bool cpu_has(int64_t isa) {
@@ -243,7 +243,7 @@ void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y, int64_t isa) {
   bf16* yp = y.data_ptr<bf16>();
   if (isa == 0) {
     band([&](int64_t a, int64_t b) { rows_portable<M>(wp, xp, yp, N, K, a, b); });
-  } else if (isa == 2 && rows_in_flight() == 1) {
+  } else if (isa == 2 && one_stream()) {
     band([&](int64_t a, int64_t b) { rows_avx512bf16<M, 1>(wp, xp, yp, N, K, a, b); });
   } else if (isa == 2) {
     band([&](int64_t a, int64_t b) { rows_avx512bf16<M, kRows>(wp, xp, yp, N, K, a, b); });
