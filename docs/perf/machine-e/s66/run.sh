@@ -1,12 +1,13 @@
 #!/bin/sh
 # Every target on machine E (Intel Xeon, family 6 model 207, AVX-512 + AMX; PERFORMANCE 6zp), one
 # run at a time, the files in this folder: 4, 5 and 1, 3 as on machine D (s63/run.sh), then
-# target 1 for every policy at 4k, the INT8 middle, and target 2 against transformers.
+# target 1 for every policy at 4k, the INT8 middle, and target 2 against transformers. OUT and
+# CONTEXTS as machine B's 6zq ran it (zen4/s67/run.sh): its folder, and 4096 alone.
 cd "$(dirname "$0")/../../../.." || exit 1
-out=docs/perf/machine-e/s66
+out=${OUT:-docs/perf/machine-e/s66}
 OUT=$out sh docs/perf/machine-d/s63/run.sh
 all=streaming,quantized,h2o,tova,a2sf,weightedkv,weightedkv-evict,cam,lagkv,knorm,keydiff
-for ctx in 4096 1024; do
+for ctx in ${CONTEXTS:-4096 1024}; do
   for dt in bfloat16 float32; do
     python scripts/interleaved_overhead.py $ctx $all $dt > $out/interleaved-$ctx-$dt-all.txt 2>&1
   done

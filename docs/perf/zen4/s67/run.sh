@@ -1,8 +1,8 @@
 #!/bin/sh
 # Every target on machine B (AMD EPYC family 25 model 17, Zen 4, AVX-512 without AMX; PERFORMANCE
 # 6zq), one run at a time, the files in this folder: the GEMV's prefetch from C++ (both hints,
-# two rounds) and in the step, then 4, 5 and 1, 3 as on machines D and E (s63/run.sh), target 1
-# for every policy at 4k, the INT8 middle, and target 2 (against transformers, every policy).
+# two rounds) and in the step, then machine E's runs at 4k (machine-e/s66/run.sh: 4, 5 and 1, 3
+# as on D, target 1 for every policy, the INT8 middle, and target 2).
 cd "$(dirname "$0")/../../../.." || exit 1
 out=docs/perf/zen4/s67
 src=docs/perf/machine-d/s65/gemv_ceiling.cpp
@@ -22,23 +22,9 @@ g++ -O3 -fopenmp -DHINT=_MM_HINT_NTA $src -o /tmp/gemv-nta-nta
 rm -rf /tmp/s67/base && mkdir -p /tmp/s67/base && git archive 750f5c9 | tar -x -C /tmp/s67/base
 BASE=/tmp/s67/base BEFORE=nta AFTER=t0 sh docs/perf/machine-d/s64/ab_hint.sh full float32 1024 \
   150 3 > $out/ab-full-1k-f32.txt 2>&1
-OUT=$out sh docs/perf/machine-d/s63/run.sh
-all=streaming,quantized,h2o,tova,a2sf,weightedkv,weightedkv-evict,cam,lagkv,knorm,keydiff
-for dt in bfloat16 float32; do
-  python scripts/interleaved_overhead.py 4096 $all $dt > $out/interleaved-4096-$dt-all.txt 2>&1
-done
-python scripts/interleaved_overhead.py 4096 streaming,weightedkv,weightedkv+int8,h2o,h2o+int8 \
-  bfloat16 > $out/interleaved-4096-bfloat16-int8.txt 2>&1
-for dt in bfloat16 float32; do
-  python bench.py --dtype $dt --contexts 4096 --cache full --new_tokens 8 --repeats 2 \
-    --compile on --peer transformers --json \
-    > $out/prefill-peer-$dt.json 2> $out/prefill-peer-$dt.log
-done
-python bench.py --dtype bfloat16 --contexts 4096 --cache full,$all --cache_size 256 \
-  --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on \
-  --compile_prefill --json > $out/ttft-4k-bfloat16.json 2> $out/ttft-4k-bfloat16.log
+OUT=$out CONTEXTS=4096 sh docs/perf/machine-e/s66/run.sh
 # This stop (6zq) stopped the run after s63/run.sh's 4k rows and changed the AVX-512 BF16 GEMV;
 # after it, by hand: s63's bfloat16 lines again (the *-one* files, then -one-again),
 # the eleven at 4k in bfloat16 (-all.txt) and streaming,cam,lagkv,knorm,keydiff again (-again.txt),
-# the INT8 line and both prefill-peer lines as above, and the bfloat16 one with --compile_prefill
+# s66/run.sh's INT8 and prefill-peer lines, and the bfloat16 one with --compile_prefill
 # (prefill-peer-bfloat16-compiled.json), then the float32 sweep. The first-token line was not run.
