@@ -1,3 +1,9 @@
+"""Probe (PERFORMANCE 6zr): a step's 151 GEMVs through the engine's op (kernels.gemv) over the
+default model's shapes in one mapping of 2 MiB pages, again and again for SECONDS, to run under
+perf (each thread's share of the kernel and of OpenMP's waits) or in turns with a copy of the tree.
+
+    PYTHONPATH=. python docs/perf/machine-f/s68/op_step_loop.py DTYPE SECONDS
+"""
 import time, torch, kernels, sys
 from core.memory import empty_on_huge_pages
 assert kernels.available()

@@ -17,3 +17,10 @@ g++ -O3 -fopenmp -DHINT2=_MM_HINT_T0 $src -o /tmp/gemv-t0
   done
 } > $out/gemv-ceiling.txt 2>&1
 OUT=$out CONTEXTS=4096 sh docs/perf/machine-e/s66/run.sh
+# This stop (6zr) stopped the run after the eleven at 4k in bfloat16 to look at target 5 in
+# float32 (single-core.txt, gemv-split.txt, the perf files, paced-bands.diff and its A/B files),
+# then ran machine-e/s66/run.sh's remaining lines by hand, unchanged: the float32 sweep, the INT8
+# middle, target 2 against transformers and every policy's first token. After them:
+# interleaved_overhead.py 4096 streaming,h2o,a2sf,weightedkv float32 and streaming,lagkv,
+# weightedkv-evict bfloat16 (-again.txt), the perf_policy.sh lines at 1k, and s63/run.sh's
+# peer lines once more (peer-llamacpp-*-final.json).
