@@ -12,7 +12,8 @@
 // streams one contiguous band of W's rows and prefetches it 8 KB ahead of its loads (on the
 // pool's VMs the hardware prefetcher alone leaves a quarter of the bandwidth unused on these
 // short rows): AVX2 a row at a time, one sequential stream (machine D's memory serves four rows
-// in flight, four streams, 15-29% slower); AVX-512 four rows at a time, x read once for them.
+// in flight, four streams, 15-29% slower); AVX-512 BF16 the same on AMD CPUs and four rows at a
+// time, x read once for them, on Intel's (one_stream).
 // Attention reads each cached key and value once for all the query rows of its head (the
 // reductions Inductor writes for it read a key once per row and sum across lanes per row); its
 // loops take a reader of the stretch as stored (Rows<T>, Codes), one loop for float32,
