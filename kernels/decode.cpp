@@ -282,7 +282,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, int64_t isa) {
 
 // ---- attention over a stretch of cached slots: q [B, H, M, D], k / v [B, H, S, D] ----------
 // Strided over B, H and S (a stretch is a slice of a cache's buffer), D contiguous. Work is cut
-// into (b, h, block of kSlots slots) pieces, spread over the threads.
+// into (b, h, block of kSlots slots; attend's by attend_slots) pieces, spread over the threads.
 constexpr int64_t kSlots = 128;
 
 struct Stretch {  // one (b, h) of a [B, H, S, D] tensor: element (s, d) at p + s * ss + d
@@ -426,26 +426,6 @@ void weigh_portable(float* s, const uint8_t* mask, int64_t mt, int64_t T, int64_
   }
 }
 
-// AVX-512 BF16: 32 bfloat16 pairs a step, straight from the key row and the query.
-__attribute__((target("avx512f,avx512bw,avx512bf16")))
-void scores_avx512bf16(const bf16* q, Stretch k, float* out, int64_t M, int64_t S, int64_t D,
-                       int64_t s0, int64_t s1) {
-  const int64_t D32 = D / 32 * 32, A = ahead_rows(D, sizeof(bf16));
-  for (int64_t s = s0; s < s1; ++s) {
-    const bf16* ks = static_cast<const bf16*>(k.p) + s * k.ss;
-    prefetch_row(ks + A * k.ss, D * sizeof(bf16), false);
-    for (int64_t m = 0; m < M; ++m) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t d = 0; d < D32; d += 32)
-        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(ks + d),
-                               (__m512bh)_mm512_loadu_si512(q + m * D + d));
-      float r = _mm512_reduce_add_ps(acc);
-      for (int64_t d = D32; d < D; ++d) r += widen(q[m * D + d]) * widen(ks[d]);
-      out[m * S + s] = r;
-    }
-  }
-}
-
 // Float vectors in GCC's vector extension, as wide as the target's registers: 8 lanes (AVX2,
 // ymm) or 16 (AVX-512, zmm), the same code compiled for each.
 typedef float f8 __attribute__((vector_size(32)));
@@ -569,16 +549,90 @@ REGIONKV_INLINE F lanes(const int8_t* p) {
 }
 #include "attention.h"
 
-// scores over INT8 codes for D = L * V in registers: a slot's codes widened once for the rows,
-// which the 32 registers hold (bfloat16 keys take scores_avx512bf16; float32 keys AVX2's).
+// scores four slots at a time: a score is a 16-lane sum, and reducing each one alone (11
+// instructions, a chain of 8) cost more than its products; four slots' sums of a row fold
+// into one vector, four rows' into one more, stored a row's four scores at a time (PERFORMANCE
+// 6zs). fold4: a row's sums over slots a-d -> 128-bit lane j, four partial sums of slot j.
+REGIONKV_INLINE __m512 fold4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44),
+                                  _mm512_shuffle_f32x4(a, b, 0xee));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44),
+                                  _mm512_shuffle_f32x4(c, d, 0xee));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xdd));
+}
+
+// Four rows' folds -> lane r (of four floats) holds row r's scores of the four slots.
+REGIONKV_INLINE __m512 sum4(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
+  const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(p0, p1), _mm512_unpackhi_ps(p0, p1));
+  const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(p2, p3), _mm512_unpackhi_ps(p2, p3));
+  const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, 0x44),
+                                 _mm512_shuffle_ps(t0, t1, 0xee));  // lane j: slot j's rows
+  return _mm512_permutexvar_ps(
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), u);
+}
+
+// Four slots' scores of R <= 4 rows from their sums acc[r][n] (row r, slot n), each times
+// scale[n] (none: 1), stored at out [R, S].
+template <int R>
+REGIONKV_INLINE void put4(const __m512 (&acc)[4][4], const float* scale, float* out,
+                          int64_t S) {
+  __m512 p[4];
+  for (int r = 0; r < 4; ++r)
+    p[r] = r < R ? fold4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]) : _mm512_setzero_ps();
+  __m512 v = sum4(p[0], p[1], p[2], p[3]);
+  if (scale) v = _mm512_mul_ps(v, _mm512_broadcast_f32x4(_mm_loadu_ps(scale)));
+  _mm_storeu_ps(out, _mm512_castps512_ps128(v));
+  if constexpr (R > 1) _mm_storeu_ps(out + S, _mm512_extractf32x4_ps(v, 1));
+  if constexpr (R > 2) _mm_storeu_ps(out + 2 * S, _mm512_extractf32x4_ps(v, 2));
+  if constexpr (R > 3) _mm_storeu_ps(out + 3 * S, _mm512_extractf32x4_ps(v, 3));
+}
+
+// R rows' scores over four INT8 slots k[n] (scales sc), D = L * V: each slot's vector of
+// codes widened once for the rows.
+template <int R, int V>
+REGIONKV_INLINE void codes4(const float* q, const int8_t* const (&k)[4], const float* sc,
+                            float* out, int64_t S) {
+  constexpr int D = L * V;
+  __m512 acc[4][4];
+  for (auto& a : acc) for (auto& v : a) v = _mm512_setzero_ps();
+  for (int j = 0; j < V; ++j)
+    for (int n = 0; n < 4; ++n) {
+      const __m512 kv = (__m512)lanes(k[n] + L * j);
+      for (int r = 0; r < R; ++r)
+        acc[r][n] = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q + r * D + L * j), acc[r][n]);
+    }
+  put4<R>(acc, sc, out, S);
+}
+
+// scores over INT8 codes for D = L * V: the query float32 in byte order, four slots at a time
+// for the rows in fours (slots past the last four one at a time).
 template <int V>
 REGIONKV_INLINE void scores_rows(const float* qb, Codes w, float* out, int64_t M, int64_t S,
                                  int64_t s0, int64_t s1) {
   constexpr int D = L * V;
   const int64_t A = ahead_rows(D, 1);
-  for (int64_t s = s0; s < s1; ++s) {
+  int64_t s = s0;
+  for (; s + 4 <= s1; s += 4) {
+    const int8_t* k[4];
+    float sc[4];
+    for (int n = 0; n < 4; ++n) {
+      k[n] = w.row(s + n);
+      sc[n] = w.scale(s + n);
+      prefetch_row(w.row(s + n + A), D, w.once);
+    }
+    for (int64_t m = 0; m < M; m += 4) {
+      const float* q = qb + m * D;
+      float* o = out + m * S + s;
+      switch (std::min<int64_t>(4, M - m)) {
+        case 4: codes4<4, V>(q, k, sc, o, S); break;
+        case 3: codes4<3, V>(q, k, sc, o, S); break;
+        case 2: codes4<2, V>(q, k, sc, o, S); break;
+        default: codes4<1, V>(q, k, sc, o, S);
+      }
+    }
+  }
+  for (; s < s1; ++s) {
     const int8_t* r = w.row(s);
-    prefetch_row(w.row(s + A), D, w.once);
     F kv[V];
     for (int j = 0; j < V; ++j) kv[j] = lanes(r + L * j);
     for (int64_t m = 0; m < M; ++m) {
@@ -595,6 +649,91 @@ void scores(const float* qb, Codes w, float* out, int64_t M, int64_t S, int64_t 
   else if (D == 128) scores_rows<128 / L>(qb, w, out, M, S, s0, s1);
   else scores_portable(qb, w, out, M, S, D, s0, s1);
 }
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512bf16")
+// AVX-512 BF16: one instruction multiplies 32 bfloat16 pairs of a key row and the query and
+// adds them into 16 floats. R rows' scores over four bfloat16 slots k[n], D = 32 * V.
+template <int R, int V>
+REGIONKV_INLINE void pairs4(const bf16* q, const bf16* const (&k)[4], float* out, int64_t S) {
+  constexpr int D = 32 * V;
+  __m512 acc[4][4];
+  for (auto& a : acc) for (auto& v : a) v = _mm512_setzero_ps();
+  for (int j = 0; j < V; ++j)
+    for (int n = 0; n < 4; ++n) {
+      const __m512bh kv = (__m512bh)_mm512_loadu_si512(k[n] + 32 * j);
+      for (int r = 0; r < R; ++r)
+        acc[r][n] = _mm512_dpbf16_ps(acc[r][n], kv,
+                                     (__m512bh)_mm512_loadu_si512(q + r * D + 32 * j));
+    }
+  put4<R>(acc, nullptr, out, S);
+}
+
+// bfloat16 keys, D a multiple of 32: four slots at a time as for INT8 codes, the last ones
+// alone.
+template <int V>
+void scores_bf16(const bf16* q, Stretch k, float* out, int64_t M, int64_t S, int64_t s0,
+                 int64_t s1) {
+  constexpr int D = 32 * V;
+  const int64_t A = ahead_rows(D, sizeof(bf16));
+  const bf16* rows = static_cast<const bf16*>(k.p);
+  int64_t s = s0;
+  for (; s + 4 <= s1; s += 4) {
+    const bf16* kr[4];
+    for (int n = 0; n < 4; ++n) {
+      kr[n] = rows + (s + n) * k.ss;
+      prefetch_row(kr[n] + A * k.ss, D * sizeof(bf16), false);
+    }
+    for (int64_t m = 0; m < M; m += 4) {
+      const bf16* qm = q + m * D;
+      float* o = out + m * S + s;
+      switch (std::min<int64_t>(4, M - m)) {
+        case 4: pairs4<4, V>(qm, kr, o, S); break;
+        case 3: pairs4<3, V>(qm, kr, o, S); break;
+        case 2: pairs4<2, V>(qm, kr, o, S); break;
+        default: pairs4<1, V>(qm, kr, o, S);
+      }
+    }
+  }
+  for (; s < s1; ++s) {
+    const bf16* ks = rows + s * k.ss;
+    for (int64_t m = 0; m < M; ++m) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int j = 0; j < V; ++j)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(ks + 32 * j),
+                               (__m512bh)_mm512_loadu_si512(q + m * D + 32 * j));
+      out[m * S + s] = _mm512_reduce_add_ps(acc);
+    }
+  }
+}
+
+// Any head size, a slot at a time: the pairs of the last D % 32 elements one by one.
+void scores_bf16_any(const bf16* q, Stretch k, float* out, int64_t M, int64_t S, int64_t D,
+                     int64_t s0, int64_t s1) {
+  const int64_t D32 = D / 32 * 32, A = ahead_rows(D, sizeof(bf16));
+  for (int64_t s = s0; s < s1; ++s) {
+    const bf16* ks = static_cast<const bf16*>(k.p) + s * k.ss;
+    prefetch_row(ks + A * k.ss, D * sizeof(bf16), false);
+    for (int64_t m = 0; m < M; ++m) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D32; d += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(ks + d),
+                               (__m512bh)_mm512_loadu_si512(q + m * D + d));
+      float r = _mm512_reduce_add_ps(acc);
+      for (int64_t d = D32; d < D; ++d)
+        r += static_cast<float>(q[m * D + d]) * static_cast<float>(ks[d]);
+      out[m * S + s] = r;
+    }
+  }
+}
+
+void scores(const bf16* q, Stretch k, float* out, int64_t M, int64_t S, int64_t D, int64_t s0,
+            int64_t s1) {
+  if (D == 64) scores_bf16<2>(q, k, out, M, S, s0, s1);
+  else if (D == 128) scores_bf16<4>(q, k, out, M, S, s0, s1);
+  else scores_bf16_any(q, k, out, M, S, D, s0, s1);
+}
+#pragma GCC pop_options
 }  // namespace avx512
 #pragma GCC pop_options
 
@@ -635,17 +774,31 @@ void check_stretch(const char* op, const at::Tensor& a, const at::Tensor& kv, in
   TORCH_CHECK(cpu_has(isa), "regionkv::", op, ": kernel ", isa, " does not run here");
 }
 
-// The blocks of kSlots slots that a stretch of S slots is cut into (one for an empty one).
-inline int64_t blocks_of(int64_t S) { return std::max<int64_t>(1, (S + kSlots - 1) / kSlots); }
+// The blocks of n slots that a stretch of S slots is cut into (one for an empty one).
+inline int64_t blocks_of(int64_t S, int64_t n = kSlots) {
+  return std::max<int64_t>(1, (S + n - 1) / n);
+}
+
+// attend's blocks: the fewest of equal length, at most kAttendSlots slots, whose (b, h, block)
+// pieces split evenly over the threads. A block has costs of its own (weigh's pass over its
+// scores, its partial sums, their combination on one thread): with 128-slot blocks a 4k
+// stretch's call took 12-16% longer (PERFORMANCE 6zs).
+constexpr int64_t kAttendSlots = 512;
+inline int64_t attend_slots(int64_t S, int64_t BH) {
+  const int64_t T = at::get_num_threads();
+  int64_t blocks = blocks_of(S, kAttendSlots);
+  while ((BH * blocks) % T && blocks < 4 * blocks_of(S, kAttendSlots)) ++blocks;
+  return std::max<int64_t>(1, (S + blocks - 1) / blocks);
+}
 
 // (b, h, block) pieces: piece i covers (b, h) = i / blocks, slots of block i % blocks.
 template <class F>
-void pieces(int64_t BH, int64_t S, F&& f) {
-  const int64_t blocks = blocks_of(S);
+void pieces(int64_t BH, int64_t S, F&& f, int64_t n = kSlots) {
+  const int64_t blocks = blocks_of(S, n);
   at::parallel_for(0, BH * blocks, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t s0 = i % blocks * kSlots;
-      f(i / blocks, i % blocks, s0, std::min(S, s0 + kSlots));
+      const int64_t s0 = i % blocks * n;
+      f(i / blocks, i % blocks, s0, std::min(S, s0 + n));
     }
   });
 }
@@ -659,7 +812,7 @@ void scores_of(int64_t isa, const float* qf, const bf16*, Rows<float> k, float* 
 }
 void scores_of(int64_t isa, const float* qf, const bf16* qh, Rows<bf16> k, float* out,
                int64_t M, int64_t S, int64_t D, int64_t s0, int64_t s1) {
-  if (isa == 2) scores_avx512bf16(qh, k.k, out, M, S, D, s0, s1);
+  if (isa == 2) avx512::scores(qh, k.k, out, M, S, D, s0, s1);
   else scores_with(isa, qf, k, out, M, S, D, s0, s1);
 }
 void scores_of(int64_t isa, const float* qf, const bf16*, Codes k, float* out, int64_t M,
@@ -813,20 +966,20 @@ constexpr int64_t kMaxRows = 32;  // the rows a piece's score buffer holds (a st
 template <class Keys, class Values>
 void attend_blocks(int64_t isa, const float* qf, const bf16* qh, Keys keys, Values values,
                    const at::Tensor& mask, int64_t H, int64_t BH, int64_t M, int64_t S, int64_t D,
-                   float scale, float* acc, float* mx, float* l) {
-  const int64_t blocks = blocks_of(S), T = mask.size(2), mt = mask.stride(2);
+                   float scale, int64_t slots, float* acc, float* mx, float* l) {
+  const int64_t blocks = blocks_of(S, slots), T = mask.size(2), mt = mask.stride(2);
   const int64_t mb = mask.size(0) == 1 ? 0 : mask.stride(0);
   const int64_t mh = mask.size(1) == 1 ? 0 : mask.stride(1);
   const uint8_t* mp = reinterpret_cast<const uint8_t*>(mask.data_ptr<bool>());
   pieces(BH, S, [&](int64_t bh, int64_t block, int64_t s0, int64_t s1) {
     const int64_t i = bh * blocks + block, n = s1 - s0;
-    float sb[kMaxRows * kSlots];
+    float sb[kMaxRows * kAttendSlots];
     scores_of(isa, qf ? qf + bh * M * D : nullptr, qh ? qh + bh * M * D : nullptr,
               keys(bh).skip(s0), sb, M, n, D, 0, n);
     weigh_with(isa, sb, mp + bh / H * mb + bh % H * mh + s0, mt, T, M, n, scale, mx + i * M,
                l + i * M);
     mix_with(isa, sb, values(bh).skip(s0), acc + i * M * D, M, n, D, 0, n);
-  });
+  }, slots);
 }
 
 // The blocks of each row combined: y = sum_b w_b acc_b / sum_b w_b l_b with w_b = exp(mx_b -
@@ -882,12 +1035,12 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& q, const at::Tensor&
               "regionkv::attend: mask must be bool [B|1, H|1, T, S], row m of q reading row "
               "m % T, got ", mask.sizes());
   const at::Tensor mk = mask.stride(3) == 1 ? mask : mask.contiguous();
-  const int64_t BH = B * H, blocks = blocks_of(S);
+  const int64_t BH = B * H, slots = attend_slots(S, BH), blocks = blocks_of(S, slots);
   std::vector<float> acc(BH * blocks * M * D), mx(BH * blocks * M), l(BH * blocks * M);
   const float sc = static_cast<float>(scale);
   auto run = [&](const float* qf, const bf16* qh, auto keys, auto values) {
-    attend_blocks(isa, qf, qh, keys, values, mk, H, BH, M, S, D, sc, acc.data(), mx.data(),
-                  l.data());
+    attend_blocks(isa, qf, qh, keys, values, mk, H, BH, M, S, D, sc, slots, acc.data(),
+                  mx.data(), l.data());
   };
   if (int8) {
     const std::vector<float> qb = in_byte_order(q);

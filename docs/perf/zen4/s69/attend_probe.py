@@ -5,6 +5,7 @@ the stretch bytes read.
 
     python docs/perf/machine-b/s69/attend_probe.py [S] [rounds]
 """
+import os
 import statistics
 import sys
 import time
@@ -12,8 +13,20 @@ import time
 import torch
 
 import kernels
+from core.memory import empty_on_huge_pages
 from quantize import kv
 
+HUGE = os.environ.get("HUGE", "0") == "1"  # the stretches in 2 MiB pages (core.memory)
+
+
+def placed(*ts):
+    """The tensors as they are, or copies in huge pages (HUGE=1)."""
+    if not HUGE:
+        return ts
+    homes = empty_on_huge_pages([(t.shape, t.dtype) for t in ts])
+    return tuple(h.copy_(t) for h, t in zip(homes, ts))
+
+assert kernels.available()
 S = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 7
 LAYERS, H, M, D = 30, 3, 3, 64
@@ -26,7 +39,7 @@ def stretches(dtype):
     for _ in range(LAYERS):
         k = torch.randn(1, H, S, D).to(dtype)
         v = torch.randn(1, H, S, D).to(dtype)
-        out.append((k, v))
+        out.append(placed(k, v))
     return out
 
 
@@ -34,8 +47,9 @@ def quantized():
     out = []
     for _ in range(LAYERS):
         # a slot's row as the cache stores it: D/4 words, then its scale (68 bytes at D 64)
-        k, ks = kv.split_words(kv.quantize_words(torch.randn(1, H, S, D)))
-        v, vs = kv.split_words(kv.quantize_words(torch.randn(1, H, S, D)))
+        k, v = placed(kv.quantize_words(torch.randn(1, H, S, D)),
+                      kv.quantize_words(torch.randn(1, H, S, D)))
+        (k, ks), (v, vs) = kv.split_words(k), kv.split_words(v)
         out.append((k, v, ks, vs))
     return out
 
@@ -54,7 +68,7 @@ def bytes_of(layers):  # an INT8 row's words and scale: 4 (D/4 + 1) bytes
         (D // 4 + 1) / (D // 4 if len(layers[0]) == 4 else D // 4 + 1)
 
 
-print(f"S={S}, {LAYERS} layers, H={H}, M={M}, D={D}, threads {torch.get_num_threads()}, "
+print(f"S={S}, huge pages {HUGE}, {LAYERS} layers, H={H}, M={M}, D={D}, threads {torch.get_num_threads()}, "
       f"kernel available {kernels.KERNEL}")
 rows = []
 for name, layers, qd in [("bfloat16", stretches(torch.bfloat16), torch.bfloat16),
@@ -70,18 +84,20 @@ for name, layers, qd in [("bfloat16", stretches(torch.bfloat16), torch.bfloat16)
         gb = bytes_of(layers) / ms / 1e6
         print(f"{name:9s} kernel {kernel}: {ms:7.3f} ms a step, {bytes_of(layers) / 1e6:6.1f} MB, "
               f"{gb:5.1f} GB/s", flush=True)
-        if name != "int8":
-            continue
-        # the INT8 loops apart: scores8 over the keys, mix8 over the values
+        # the loops apart: scores over the keys, mix over the values
         p = torch.softmax(torch.randn(1, H, M, S), -1)
 
         def part_ms(f):
             t = time.perf_counter()
-            for k, v, ks, vs in layers:
-                f(k, v, ks, vs)
+            for lay in layers:
+                f(*lay)
             return (time.perf_counter() - t) * 1e3
-        for what, f in [("scores8", lambda k, v, ks, vs: kernels.scores8(q, k, ks, kernel)),
-                        ("mix8", lambda k, v, ks, vs: kernels.mix8(p, v, vs, kernel))]:
+        parts = [("scores8", lambda k, v, ks, vs: kernels.scores8(q, k, ks, kernel)),
+                 ("mix8", lambda k, v, ks, vs: kernels.mix8(p, v, vs, kernel))] \
+            if name == "int8" else \
+            [("scores", lambda k, v, *_: kernels.scores(q, k, kernel)),
+             ("mix", lambda k, v, *_: kernels.mix(p, v, kernel))]
+        for what, f in parts:
             for _ in range(3):
                 part_ms(f)
             ms = statistics.median(part_ms(f) for _ in range(ROUNDS * 5))
