@@ -6,12 +6,12 @@ from single_session import warm_session
 import kernels
 specs = sys.argv[1].split(",")  # POLICY:CTX
 dtype = sys.argv[2]
-sessions = {sp: warm_session(sp.split(":")[0], dtype, int(sp.split(":")[1]), 6 * 2 * 24 + 50) for sp in specs}
+sessions = {sp: warm_session(sp.split(":")[0], dtype, int(sp.split(":")[1]), int(__import__("os").environ.get("ROUNDS", "6")) * 2 * 24 + 50) for sp in specs}
 def set_variant(after):
     torch.ops.regionkv_ab.set_old(0 if after else 1)
     torch.ops.regionkv_ab.set_slots(0 if after else 128)
 res = {}
-for r in range(6):
+for r in range(int(__import__("os").environ.get("ROUNDS", "6"))):
     for sp, s in sessions.items():
         for after in ((0, 1) if r % 2 == 0 else (1, 0)):
             set_variant(after)
