@@ -1,5 +1,8 @@
-"""In-process A/B of the attention kernels' variants on real sessions: rounds alternate
-before (old scores, 128-slot attend blocks) and after (scores by fours, the block rule)."""
+"""Probe (PERFORMANCE 6zs): sessions' decode steps with the attention kernels' two variants in
+turns, one process: rounds alternate before (the old AVX-512 scores loops, 128-slot attend
+blocks) and after (scores by fours, attend_slots' rule), the order swapped every round. Needs
+ab-hooks.diff applied.   ROUNDS=10 PYTHONPATH=. python ab_engine.py full:4096,quantized:4096 DTYPE
+"""
 import statistics, sys, torch
 sys.path.insert(0, "docs/perf/zen3/s46")
 from single_session import warm_session

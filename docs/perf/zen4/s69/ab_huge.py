@@ -1,3 +1,7 @@
+"""Probe (PERFORMANCE 6zs): attend over a step's 30 stretches in 4 KiB pages against the same
+in 2 MiB pages (core.memory.empty_on_huge_pages), alternating in one process.
+    PYTHONPATH=. python ab_huge.py [S]
+"""
 import os, statistics, sys, time, torch
 sys.path.insert(0, "docs/perf/zen4/s69")
 sys.argv = [sys.argv[0], sys.argv[1] if len(sys.argv) > 1 else "4096", "1"]

@@ -1,3 +1,7 @@
+"""Probe (PERFORMANCE 6zs): the attend and scores ops over a 4k step's 30 stretches, the old
+AVX-512 scores loops against the four-slot ones in alternating rounds of one process. Needs
+ab-hooks.diff applied (torch.ops.regionkv_ab).   PYTHONPATH=. python ab_inproc.py [S]
+"""
 import os, statistics, sys, time, torch
 sys.path.insert(0, "docs/perf/zen4/s69")
 os.environ.setdefault("HUGE", "1")
@@ -12,7 +16,6 @@ def run(name, what):
     t = time.perf_counter()
     for lay in L:
         if what == "attend":
-            P.step_ms  # noqa
             kernels.attend(q, lay[0], lay[1], P.mask, 0.125, *(lay[2:] if len(lay) == 4 else (None, None)))
         elif name == "int8":
             kernels.scores8(q, lay[0], lay[2])

@@ -1,3 +1,7 @@
+"""Probe (PERFORMANCE 6zs): attend over a step's 30 stretches with fixed blocks of SLOTS slots
+(0: attend_slots' rule) in alternating rounds of one process, scores and mix alone beside it.
+Needs ab-hooks.diff applied.   SLOTS=128,0 PYTHONPATH=. python ab_slots.py [S]
+"""
 import os, statistics, sys, time, torch
 sys.path.insert(0, "docs/perf/zen4/s69")
 os.environ.setdefault("HUGE", "1")
