@@ -549,7 +549,7 @@ REGIONKV_INLINE F lanes(const int8_t* p) {
 }
 #include "attention.h"
 
-// scores four slots at a time: a score is a 16-lane sum, and reducing each one alone (11
+// scores four slots at a time: a score is a 16-lane sum, and reducing each one alone (9
 // instructions, a chain of 8) cost more than its products; four slots' sums of a row fold
 // into one vector, four rows' into one more, stored a row's four scores at a time (PERFORMANCE
 // 6zs). fold4: a row's sums over slots a-d -> 128-bit lane j, four partial sums of slot j.
