@@ -669,8 +669,28 @@ REGIONKV_INLINE void pairs4(const bf16* q, const bf16* const (&k)[4], float* out
   put4<R>(acc, nullptr, out, S);
 }
 
+// Any head size, a slot at a time: the pairs of the last D % 32 elements one by one.
+void scores_bf16_any(const bf16* q, Stretch k, float* out, int64_t M, int64_t S, int64_t D,
+                     int64_t s0, int64_t s1) {
+  const int64_t D32 = D / 32 * 32, A = ahead_rows(D, sizeof(bf16));
+  for (int64_t s = s0; s < s1; ++s) {
+    const bf16* ks = static_cast<const bf16*>(k.p) + s * k.ss;
+    prefetch_row(ks + A * k.ss, D * sizeof(bf16), false);
+    for (int64_t m = 0; m < M; ++m) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D32; d += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(ks + d),
+                               (__m512bh)_mm512_loadu_si512(q + m * D + d));
+      float r = _mm512_reduce_add_ps(acc);
+      for (int64_t d = D32; d < D; ++d)
+        r += static_cast<float>(q[m * D + d]) * static_cast<float>(ks[d]);
+      out[m * S + s] = r;
+    }
+  }
+}
+
 // bfloat16 keys, D a multiple of 32: four slots at a time as for INT8 codes, the last ones
-// alone.
+// by scores_bf16_any.
 template <int V>
 void scores_bf16(const bf16* q, Stretch k, float* out, int64_t M, int64_t S, int64_t s0,
                  int64_t s1) {
@@ -695,36 +715,7 @@ void scores_bf16(const bf16* q, Stretch k, float* out, int64_t M, int64_t S, int
       }
     }
   }
-  for (; s < s1; ++s) {
-    const bf16* ks = rows + s * k.ss;
-    for (int64_t m = 0; m < M; ++m) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int j = 0; j < V; ++j)
-        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(ks + 32 * j),
-                               (__m512bh)_mm512_loadu_si512(q + m * D + 32 * j));
-      out[m * S + s] = _mm512_reduce_add_ps(acc);
-    }
-  }
-}
-
-// Any head size, a slot at a time: the pairs of the last D % 32 elements one by one.
-void scores_bf16_any(const bf16* q, Stretch k, float* out, int64_t M, int64_t S, int64_t D,
-                     int64_t s0, int64_t s1) {
-  const int64_t D32 = D / 32 * 32, A = ahead_rows(D, sizeof(bf16));
-  for (int64_t s = s0; s < s1; ++s) {
-    const bf16* ks = static_cast<const bf16*>(k.p) + s * k.ss;
-    prefetch_row(ks + A * k.ss, D * sizeof(bf16), false);
-    for (int64_t m = 0; m < M; ++m) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t d = 0; d < D32; d += 32)
-        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(ks + d),
-                               (__m512bh)_mm512_loadu_si512(q + m * D + d));
-      float r = _mm512_reduce_add_ps(acc);
-      for (int64_t d = D32; d < D; ++d)
-        r += static_cast<float>(q[m * D + d]) * static_cast<float>(ks[d]);
-      out[m * S + s] = r;
-    }
-  }
+  scores_bf16_any(q, k, out, M, S, D, s, s1);
 }
 
 void scores(const bf16* q, Stretch k, float* out, int64_t M, int64_t S, int64_t D, int64_t s0,
@@ -785,9 +776,9 @@ inline int64_t blocks_of(int64_t S, int64_t n = kSlots) {
 // stretch's call took 12-16% longer (PERFORMANCE 6zs).
 constexpr int64_t kAttendSlots = 512;
 inline int64_t attend_slots(int64_t S, int64_t BH) {
-  const int64_t T = at::get_num_threads();
-  int64_t blocks = blocks_of(S, kAttendSlots);
-  while ((BH * blocks) % T && blocks < 4 * blocks_of(S, kAttendSlots)) ++blocks;
+  const int64_t T = at::get_num_threads(), fewest = blocks_of(S, kAttendSlots);
+  int64_t blocks = fewest;
+  while ((BH * blocks) % T && blocks < 4 * fewest) ++blocks;
   return std::max<int64_t>(1, (S + blocks - 1) / blocks);
 }
 
