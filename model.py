@@ -238,29 +238,14 @@ class KVSegment(NamedTuple):
             return (q.float().unsqueeze(-2) * self.k.unsqueeze(-3).float()).sum(-1)
         return exact_matmul(q, self.k.transpose(-1, -2))
 
-    def fuses(self, q: Tensor) -> bool:
-        """Whether a compiled few-row CPU step reads this stretch through the attend kernel
-        (scores, softmax and mix in one call): keys and values stored alike, in a stretch the
-        attention kernels take (kernels.serve_attention)."""
+    def fuses(self, q: Tensor, slots: int) -> bool:
+        """Whether a compiled few-row CPU step reads this stretch, in a view of `slots` slots in
+        all, through the attend kernel (scores, softmax and mix in one call): keys and values
+        stored alike, of a kind and in a view the attention kernels take
+        (kernels.serve_attention)."""
         int8 = self.k_scale is not None
         return kernels.FUSED and int8 == (self.v_scale is not None) and reduces(q, int8) and \
-            kernels.serve_attention(self.k)
-
-    def part(self, q: Tensor, mask: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-        """Attention of q [B, Hkv, M, D] over this stretch alone, mask [B, Hkv|1, T, S] (row m
-        of q reads row m % T) -> y [B, Hkv, M, D] float32 and lse [B, Hkv, M], the log of each
-        row's sum of exp(scaled score) (-inf, y 0, where the mask holds nowhere): what
-        `attend` combines stretches by."""
-        if self.fuses(q):
-            return kernels.attend(q, self.k, self.v, mask, scale, self.k_scale, self.v_scale)
-        s = (self.scores(q) * scale).masked_fill(~fold(mask, q.shape[-2] // mask.shape[-2]),
-                                                 float("-inf"))
-        top = s.amax(-1, keepdim=True)
-        top = torch.where(top == float("-inf"), 0.0, top)  # nothing to attend: weights 0
-        e = torch.exp(s - top)
-        total = e.sum(-1, keepdim=True)
-        y = torch.where(total > 0, self.mix(e) / total, 0.0)
-        return y, (top + total.log()).squeeze(-1)
+            kernels.serve_attention(self.k, slots)
 
     def widened(self, dtype: torch.dtype) -> "KVSegment":
         """The stretch in the model dtype: INT8 codes times their scales, rounded once (what a
@@ -336,8 +321,8 @@ def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Ten
 
     Returns (y [B, H, T, D], probs): probs [B, Hkv, G, T, S] (float32) when `need_probs`, else
     None. Without probabilities, one segment in the model dtype goes through fused SDPA, and so
-    do INT8 segments, widened to one, but in a compiled few-row step (`reduces`), where a
-    stretch the attention kernels take goes through the attend kernel (`KVSegment.part`).
+    do INT8 segments, widened to one, but in a compiled few-row step (`reduces`), where a view
+    the attention kernels take goes through the attend kernel (`KVSegment.fuses`).
     """
     q, segments, mask = view
     B, H, T, D = q.shape
@@ -360,17 +345,11 @@ def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Ten
         wide = [seg.widened(q.dtype) for seg in segments]
         segments = [KVSegment(torch.cat([w.k for w in wide], dim=2),
                               torch.cat([w.v for w in wide], dim=2))]
-    if not need_probs and any(seg.fuses(qg) for seg in segments):
-        # A compiled few-row CPU step over a long stretch: each stretch's softmax in one call
-        # of the attend kernel (or, for a short one, in the block's loops), then combined by
-        # their log-sum-exps; no probabilities over the slots are stored.
-        parts = [seg.part(qg, m, 1 / math.sqrt(D)) for seg, m in
-                 zip(segments, mask.split([seg.k.shape[2] for seg in segments], dim=-1))]
-        y = parts[0][0]
-        if len(parts) > 1:  # the token itself is attended: a finite largest lse
-            lse = torch.stack([lse for _, lse in parts])
-            w = torch.exp(lse - lse.amax(0)).unsqueeze(-1)
-            y = sum(wi * yi for wi, (yi, _) in zip(w, parts)) / w.sum(0)
+    if not need_probs and all(seg.fuses(qg, mask.shape[-1]) for seg in segments):
+        # A compiled few-row CPU step over a long view: the softmax over all its stretches (a
+        # region cache's fast slots and INT8 middle) in one call of the attend kernel; no
+        # probabilities over the slots are stored.
+        y, _ = kernels.attend_over(qg, segments, mask, 1 / math.sqrt(D))
         return y.to(q.dtype).view(B, H, T, D), None
     if len(segments) == 1 and segments[0].k_scale is None and not need_probs and \
             not reduces(qg, False):

@@ -4,6 +4,7 @@
     scores(q, k)     # q @ k^T in float32: a few query rows [B, H, M, D] over cached keys
     mix(p, v)        # p @ v in float32: attention's weights [B, H, M, S] over cached values
     attend(q, k, v, mask, scale)  # softmax(q . k * scale, masked) @ v and its log-sum-exp
+    attend_over(q, stretches, mask, scale)  # the same over a view's stretches, one call
     widen8(words, scale, dtype)   # an INT8 stretch as values (a prompt chunk's fused attention)
     available()      # whether this machine built and runs them (built once, then cached)
 
@@ -36,8 +37,8 @@ _LIB.define("scores(Tensor q, Tensor k, int isa) -> Tensor")
 _LIB.define("mix(Tensor p, Tensor v, int isa) -> Tensor")
 _LIB.define("scores8(Tensor q, Tensor words, Tensor scale, int isa) -> Tensor")
 _LIB.define("mix8(Tensor p, Tensor words, Tensor scale, int isa) -> Tensor")
-_LIB.define("attend(Tensor q, Tensor k, Tensor v, Tensor? k_scale, Tensor? v_scale, Tensor mask, "
-            "float scale, int isa) -> (Tensor, Tensor)")
+_LIB.define("attend(Tensor q, Tensor[] k, Tensor[] v, Tensor?[] k_scale, Tensor?[] v_scale, "
+            "Tensor mask, float scale, int isa) -> (Tensor, Tensor)")
 torch.library.register_fake(
     "regionkv::attend", lambda q, k, v, k_scale, v_scale, mask, scale, isa: (
         q.new_empty(q.shape, dtype=torch.float32), q.new_empty(q.shape[:-1],
@@ -67,10 +68,10 @@ ATTENTION = True
 # Whether attention without probabilities takes `attend` (scores, softmax and mix in one call)
 # over the stretches ATTENTION serves; False: scores and mix apart, the softmax Inductor's.
 FUSED = True
-# Attention takes the kernels over stretches of at least this many slots: below, a call's fixed
-# cost (~10 µs) outweighs the faster reads, and Inductor's reductions, fused into the block's
-# loops, are as fast (a 256-slot budget: 12.61 against 12.75 ms a step, with an INT8 middle
-# 13.97 against 14.76; docs/PERFORMANCE.md, section 6zd).
+# Attention takes the kernels over stretches (attend: views) of at least this many slots: below,
+# a call's fixed cost (~10 µs) outweighs the faster reads, and Inductor's reductions, fused into
+# the block's loops, are as fast (a 256-slot budget: 12.61 against 12.75 ms a step, with an INT8
+# middle 13.97 against 14.76; docs/PERFORMANCE.md, section 6zd).
 ATTEND_SLOTS = 512
 
 
@@ -129,12 +130,13 @@ def serve_linears() -> bool:
     return LINEARS and available()
 
 
-def serve_attention(kv: Tensor) -> bool:
+def serve_attention(kv: Tensor, slots: int | None = None) -> bool:
     """Whether a compiled few-row CPU step attends over this cached stretch with scores/mix
-    (K or V in float32 or bfloat16), or scores8/mix8 (INT8 words: 32-bit, quantize/kv.py): a
-    stretch of at least ATTEND_SLOTS slots."""
+    (K or V in float32 or bfloat16), or scores8/mix8 (INT8 words: 32-bit, quantize/kv.py), or
+    with attend over a view of `slots` slots in all, this stretch one of them: a stretch (or
+    view) of at least ATTEND_SLOTS slots."""
     return ATTENTION and kv.device.type == "cpu" and kv.stride(-1) == 1 and \
-        kv.shape[-2] >= ATTEND_SLOTS and \
+        (kv.shape[-2] if slots is None else slots) >= ATTEND_SLOTS and \
         kv.dtype in (torch.float32, torch.bfloat16, torch.int32) and available()
 
 
@@ -177,7 +179,15 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float,
     stretch k, v [B, H, S, D] (float32 or bfloat16; INT8 words with k_scale / v_scale as in
     scores8), mask bool [B|1, H|1, T, S] (row m of q reads mask row m % T) -> y [B, H, M, D]
     float32 and lse [B, H, M], the log of each row's sum of exp(scaled score) (-inf where the
-    mask holds nowhere; y 0 there), with which stretches combine."""
+    mask holds nowhere; y 0 there)."""
+    return attend_over(q, [(k, v, k_scale, v_scale)], mask, scale, kernel)
+
+
+def attend_over(q: Tensor, stretches: list, mask: Tensor, scale: float,
+                kernel: int | None = None) -> tuple[Tensor, Tensor]:
+    """attend over several stretches as one: stretches a list of (k, v, k_scale, v_scale), each
+    as in attend (float, or INT8 with its scales), mask over their S slots in all, in order."""
+    k, v, k_scale, v_scale = (list(x) for x in zip(*stretches))
     return torch.ops.regionkv.attend(q, k, v, k_scale, v_scale, mask, scale,
                                      KERNEL if kernel is None else kernel)
 

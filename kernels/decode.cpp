@@ -5,8 +5,9 @@
 //   regionkv::mix(p, v, isa)       p @ v: attention's weights over a stretch of cached values
 //   regionkv::scores8 / mix8        the same over an INT8 stretch (codes four to a word, per-slot
 //                                   scales: quantize/kv.py), its scale applied as it is read
-//   regionkv::attend(q, k, v, ...)  softmax(q . k * scale, masked) @ v over a stretch in one
-//                                   call (float32, bfloat16 or INT8), and each row's log-sum-exp
+//   regionkv::attend(q, [k], [v], ...)  softmax(q . k * scale, masked) @ v over a view's
+//                                   stretches (each float32, bfloat16 or INT8) in one call, and
+//                                   each row's log-sum-exp
 //
 // A decode step reads every weight once for one row: memory bound, ~1 FLOP a byte. Each thread
 // streams one contiguous band of W's rows and prefetches it 8 KB ahead of its loads (on the
@@ -945,40 +946,51 @@ at::Tensor mix8(const at::Tensor& p, const at::Tensor& w, const at::Tensor& scal
   return out;
 }
 
-// ---- attend: softmax(q . k * scale, masked) @ v over one stretch, one call -------------------
+// ---- attend: softmax(q . k * scale, masked) @ v over a view's stretches, one call ---------
 // Each (b, h, block) piece scores its block's slots for the M rows into a buffer of its own,
 // weighs them (the block's max, exp, sum: weigh) and mixes the values by the weights; then the
-// blocks of each (b, h) combine as in flash-decoding: no [M, S] scores or probabilities leave
-// the call, and the mask, the scale and the exp are taken in the pass that scored the block.
+// blocks of each (b, h), of every stretch, combine as in flash-decoding: no [M, S] scores or
+// probabilities leave the call, and the mask, the scale and the exp are taken in the pass that
+// scored the block. A region cache's view is a short fast stretch in the model dtype and an
+// INT8 middle: one call for both costs what the middle's alone does (PERFORMANCE 6zt).
 constexpr int64_t kMaxRows = 32;  // the rows a piece's score buffer holds (a step has <= 16)
 
+// Where a stretch's pieces go: its slots from column `col` of the mask, its blocks of `slots`
+// slots from block `first` of each (b, h)'s `blocks` (all stretches') in acc, mx and l.
+struct Place {
+  int64_t col, slots, first, blocks;
+};
+
 // Every piece's block: its weighted values acc [M, D], and mx, l [M] (weigh's), at piece i =
-// bh * blocks + block. keys(bh) / values(bh): the readers of (b, h)'s stretch.
+// bh * blocks + first + block. keys(bh) / values(bh): the readers of (b, h)'s stretch.
 template <class Keys, class Values>
 void attend_blocks(int64_t isa, const float* qf, const bf16* qh, Keys keys, Values values,
                    const at::Tensor& mask, int64_t H, int64_t BH, int64_t M, int64_t S, int64_t D,
-                   float scale, int64_t slots, float* acc, float* mx, float* l) {
-  const int64_t blocks = blocks_of(S, slots), T = mask.size(2), mt = mask.stride(2);
+                   float scale, Place place, float* acc, float* mx, float* l) {
+  const int64_t T = mask.size(2), mt = mask.stride(2);
   const int64_t mb = mask.size(0) == 1 ? 0 : mask.stride(0);
   const int64_t mh = mask.size(1) == 1 ? 0 : mask.stride(1);
-  const uint8_t* mp = reinterpret_cast<const uint8_t*>(mask.data_ptr<bool>());
+  const uint8_t* mp = reinterpret_cast<const uint8_t*>(mask.data_ptr<bool>()) + place.col;
   pieces(BH, S, [&](int64_t bh, int64_t block, int64_t s0, int64_t s1) {
-    const int64_t i = bh * blocks + block, n = s1 - s0;
+    const int64_t i = bh * place.blocks + place.first + block, n = s1 - s0;
     float sb[kMaxRows * kAttendSlots];
     scores_of(isa, qf ? qf + bh * M * D : nullptr, qh ? qh + bh * M * D : nullptr,
               keys(bh).skip(s0), sb, M, n, D, 0, n);
     weigh_with(isa, sb, mp + bh / H * mb + bh % H * mh + s0, mt, T, M, n, scale, mx + i * M,
                l + i * M);
     mix_with(isa, sb, values(bh).skip(s0), acc + i * M * D, M, n, D, 0, n);
-  }, slots);
+  }, place.slots);
 }
 
 // The blocks of each row combined: y = sum_b w_b acc_b / sum_b w_b l_b with w_b = exp(mx_b -
-// max_b mx_b); lse = log of the row's sum of exp(scaled score). byte_order: the values were
-// INT8, their sums in byte order.
+// max_b mx_b); lse = log of the row's sum of exp(scaled score). bytes[b]: block b's values
+// were INT8, its sums in byte order.
 void combine(const float* acc, const float* mx, const float* l, int64_t rows, int64_t M,
-             int64_t blocks, int64_t D, bool byte_order, float* y, float* lse) {
+             int64_t blocks, int64_t D, const std::vector<uint8_t>& bytes, float* y,
+             float* lse) {
   std::vector<float> sum(D);
+  std::vector<int64_t> order(D);  // natural column d of a sum in byte order
+  for (int64_t d = 0; d < D; ++d) order[d] = byte_of(d, D);
   for (int64_t r = 0; r < rows; ++r) {  // a few thousand floats a layer: one thread
     const int64_t first = r / M * blocks * M + r % M;  // row r of its (b, h)'s first block
     float top = -INFINITY;
@@ -989,73 +1001,105 @@ void combine(const float* acc, const float* mx, const float* l, int64_t rows, in
       const int64_t i = first + b * M;
       if (l[i] == 0.f) continue;
       const float w = std::exp(mx[i] - top);
+      const float* a = acc + i * D;
       total += w * l[i];
-      for (int64_t d = 0; d < D; ++d) sum[d] += w * acc[i * D + d];
+      if (bytes[b]) for (int64_t d = 0; d < D; ++d) sum[d] += w * a[order[d]];
+      else for (int64_t d = 0; d < D; ++d) sum[d] += w * a[d];
     }
-    for (int64_t d = 0; d < D; ++d)
-      y[r * D + d] = total > 0.f ? sum[byte_order ? byte_of(d, D) : d] / total : 0.f;
+    for (int64_t d = 0; d < D; ++d) y[r * D + d] = total > 0.f ? sum[d] / total : 0.f;
     lse[r] = total > 0.f ? top + std::log(total) : -INFINITY;
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& q, const at::Tensor& k,
-                                          const at::Tensor& v,
-                                          const std::optional<at::Tensor>& k_scale,
-                                          const std::optional<at::Tensor>& v_scale,
+std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& q, at::TensorList k,
+                                          at::TensorList v,
+                                          const c10::List<std::optional<at::Tensor>>& k_scale,
+                                          const c10::List<std::optional<at::Tensor>>& v_scale,
                                           const at::Tensor& mask, double scale, int64_t isa) {
-  const bool int8 = k_scale.has_value();
-  TORCH_CHECK(int8 == v_scale.has_value(),
-              "regionkv::attend: keys and values must be both INT8 or both float");
-  if (int8) {
-    check_codes("attend", q, k, *k_scale, isa);
-    check_codes("attend", q, v, *v_scale, isa);
-  } else {
-    check_stretch("attend", q, k, isa);
-    check_stretch("attend", q, v, isa);
-  }
-  const int64_t B = q.size(0), H = q.size(1), M = q.size(2), D = q.size(3), S = k.size(2);
-  const int64_t width = int8 ? 4 * k.size(3) : k.size(3);
-  TORCH_CHECK(k.scalar_type() == v.scalar_type() && width == D && v.size(3) == k.size(3) &&
-              v.size(2) == S, "regionkv::attend: q [B, H, M, D], k and v [B, H, S, D] of one "
-              "dtype expected, got ", q.sizes(), ", ", k.sizes(), " and ", v.sizes());
+  const int64_t n = k.size();
+  TORCH_CHECK(n > 0 && static_cast<int64_t>(v.size()) == n &&
+              static_cast<int64_t>(k_scale.size()) == n &&
+              static_cast<int64_t>(v_scale.size()) == n,
+              "regionkv::attend: one k, v, k_scale and v_scale a stretch, got ", k.size(), ", ",
+              v.size(), ", ", k_scale.size(), " and ", v_scale.size());
+  TORCH_CHECK(q.dim() == 4, "regionkv::attend: q must be [B, H, M, D], got ", q.sizes());
+  const int64_t B = q.size(0), H = q.size(1), M = q.size(2), D = q.size(3), BH = B * H;
   TORCH_CHECK(M <= kMaxRows, "regionkv::attend: at most ", kMaxRows, " rows, got ", M);
+  std::vector<std::optional<at::Tensor>> ks(n), vs(n);
+  std::vector<Place> place(n);
+  int64_t S = 0, blocks = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    ks[j] = k_scale.get(j);
+    vs[j] = v_scale.get(j);
+    const bool int8 = ks[j].has_value();
+    TORCH_CHECK(int8 == vs[j].has_value(),
+                "regionkv::attend: keys and values must be both INT8 or both float");
+    if (int8) {
+      check_codes("attend", q, k[j], *ks[j], isa);
+      check_codes("attend", q, v[j], *vs[j], isa);
+    } else {
+      check_stretch("attend", q, k[j], isa);
+      check_stretch("attend", q, v[j], isa);
+    }
+    const int64_t Sj = k[j].size(2), width = int8 ? 4 * k[j].size(3) : k[j].size(3);
+    TORCH_CHECK(k[j].scalar_type() == v[j].scalar_type() && width == D &&
+                v[j].size(3) == k[j].size(3) && v[j].size(2) == Sj,
+                "regionkv::attend: q [B, H, M, D], k and v [B, H, S, D] of one dtype expected, "
+                "got ", q.sizes(), ", ", k[j].sizes(), " and ", v[j].sizes());
+    const int64_t slots = attend_slots(Sj, BH);
+    place[j] = {S, slots, blocks, 0};
+    S += Sj;
+    blocks += blocks_of(Sj, slots);
+  }
   TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 4 &&
               (mask.size(0) == B || mask.size(0) == 1) &&
               (mask.size(1) == H || mask.size(1) == 1) && mask.size(2) > 0 &&
               M % mask.size(2) == 0 && mask.size(3) == S,
-              "regionkv::attend: mask must be bool [B|1, H|1, T, S], row m of q reading row "
-              "m % T, got ", mask.sizes());
+              "regionkv::attend: mask must be bool [B|1, H|1, T, S] over the stretches' S slots "
+              "in all, row m of q reading row m % T, got ", mask.sizes());
   const at::Tensor mk = mask.stride(3) == 1 ? mask : mask.contiguous();
-  const int64_t BH = B * H, slots = attend_slots(S, BH), blocks = blocks_of(S, slots);
   std::vector<float> acc(BH * blocks * M * D), mx(BH * blocks * M), l(BH * blocks * M);
+  std::vector<uint8_t> bytes(blocks, 0);
   const float sc = static_cast<float>(scale);
-  auto run = [&](const float* qf, const bf16* qh, auto keys, auto values) {
-    attend_blocks(isa, qf, qh, keys, values, mk, H, BH, M, S, D, sc, slots, acc.data(),
-                  mx.data(), l.data());
-  };
-  if (int8) {
-    const std::vector<float> qb = in_byte_order(q);
-    run(qb.data(), nullptr,
-        [&](int64_t bh) { return Codes{stretch(k, bh, 4), stretch(*k_scale, bh, 4)}; },
-        [&](int64_t bh) { return Codes{stretch(v, bh, 4), stretch(*v_scale, bh, 4)}; });
-  } else {
-    const at::Tensor qf = q.to(at::kFloat).contiguous();
-    const int64_t elem = k.element_size();
+  // The query as each kind of stretch reads it, made once: float32, bfloat16 (AVX-512 BF16's
+  // keys), float32 in byte order (INT8 codes).
+  at::Tensor qf, qh;
+  std::vector<float> qb;
+  for (int64_t j = 0; j < n; ++j) {
+    place[j].blocks = blocks;
+    const at::Tensor &kj = k[j], &vj = v[j];
+    const int64_t Sj = kj.size(2);
+    auto run = [&](const float* f, const bf16* h, auto keys, auto values) {
+      attend_blocks(isa, f, h, keys, values, mk, H, BH, M, Sj, D, sc, place[j], acc.data(),
+                    mx.data(), l.data());
+    };
+    if (ks[j].has_value()) {
+      if (qb.empty()) qb = in_byte_order(q);
+      const at::Tensor &ksj = *ks[j], &vsj = *vs[j];
+      const int64_t nb = blocks_of(Sj, place[j].slots);
+      std::fill(bytes.begin() + place[j].first, bytes.begin() + place[j].first + nb, 1);
+      run(qb.data(), nullptr,
+          [&](int64_t bh) { return Codes{stretch(kj, bh, 4), stretch(ksj, bh, 4)}; },
+          [&](int64_t bh) { return Codes{stretch(vj, bh, 4), stretch(vsj, bh, 4)}; });
+      continue;
+    }
+    if (!qf.defined()) qf = q.to(at::kFloat).contiguous();
+    const int64_t elem = kj.element_size();
     const bool once = read_once(isa, M);
-    if (k.scalar_type() == at::kFloat) {
+    if (kj.scalar_type() == at::kFloat) {
       run(qf.data_ptr<float>(), nullptr,
-          [&](int64_t bh) { return Rows<float>{stretch(k, bh, elem), once}; },
-          [&](int64_t bh) { return Rows<float>{stretch(v, bh, elem), once}; });
+          [&](int64_t bh) { return Rows<float>{stretch(kj, bh, elem), once}; },
+          [&](int64_t bh) { return Rows<float>{stretch(vj, bh, elem), once}; });
     } else {
-      const at::Tensor qh = isa == 2 ? q.to(at::kBFloat16).contiguous() : at::Tensor();
+      if (isa == 2 && !qh.defined()) qh = q.to(at::kBFloat16).contiguous();
       run(qf.data_ptr<float>(), isa == 2 ? qh.data_ptr<bf16>() : nullptr,
-          [&](int64_t bh) { return Rows<bf16>{stretch(k, bh, elem), once}; },
-          [&](int64_t bh) { return Rows<bf16>{stretch(v, bh, elem), once}; });
+          [&](int64_t bh) { return Rows<bf16>{stretch(kj, bh, elem), once}; },
+          [&](int64_t bh) { return Rows<bf16>{stretch(vj, bh, elem), once}; });
     }
   }
   at::Tensor y = at::empty({B, H, M, D}, q.options().dtype(at::kFloat));
   at::Tensor lse = at::empty({B, H, M}, q.options().dtype(at::kFloat));
-  combine(acc.data(), mx.data(), l.data(), BH * M, M, blocks, D, int8, y.data_ptr<float>(),
+  combine(acc.data(), mx.data(), l.data(), BH * M, M, blocks, D, bytes, y.data_ptr<float>(),
           lse.data_ptr<float>());
   return {y, lse};
 }

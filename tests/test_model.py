@@ -434,6 +434,23 @@ def test_the_attend_kernel_is_masked_softmax_attention_over_a_stretch(dtype):
                 assert y.dtype == lse.dtype == torch.float32 and y.shape == q.shape
                 torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5)
                 torch.testing.assert_close(lse.double(), want_lse, rtol=1e-5, atol=1e-5)
+        # A view of several stretches (a region cache's fast slots in the model dtype, then its
+        # INT8 middle) in one call: the softmax over all of them, the mask over their slots.
+        view = [stored[0], *stored]
+        both = torch.cat([mask, mask.flip(-1), mask], dim=-1)
+        rows = both[:, :, torch.arange(m) % t]
+        x = torch.cat([q.double() @ k64.transpose(-1, -2) for *_, k64, _ in view], dim=-1)
+        x = (x / math.sqrt(d)).masked_fill(~rows, -math.inf)
+        want = (torch.softmax(x, dim=-1) @ torch.cat([v64 for *_, v64 in view], dim=2))
+        for kernel in range(kernels.KERNEL + 1):
+            y, lse = kernels.attend_over(q, [st[:4] for st in view], both, 1 / math.sqrt(d),
+                                         kernel)
+            torch.testing.assert_close(y.double(), want.nan_to_num(0.0), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(lse.double(), torch.logsumexp(x, dim=-1), rtol=1e-5,
+                                       atol=1e-5)
+    with pytest.raises(RuntimeError, match="over the stretches' S slots"):
+        kernels.attend_over(q, [(k, v, ks, vs)] * 2, torch.ones(1, 1, 1, 1, dtype=torch.bool),
+                            1.0)
     with pytest.raises(RuntimeError, match="mask must be bool"):
         kernels.attend(q, k, v, mask.float(), 1.0, ks, vs)
     with pytest.raises(RuntimeError, match="both INT8 or both float"):
@@ -463,8 +480,8 @@ def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
     """A compiled few-row CPU step reads each float stretch of ATTEND_SLOTS slots or more
     through kernels.scores and kernels.mix, each such INT8 one through kernels.scores8 and
     kernels.mix8, with the same output and probabilities as eager, or, when no probabilities
-    are wanted, through kernels.attend; a shorter stretch, and kernels.ATTENTION = False, keep
-    Inductor's reductions."""
+    are wanted, the whole view through one call of kernels.attend; a shorter stretch (with
+    probabilities), and kernels.ATTENTION = False, keep Inductor's reductions."""
     import kernels
     import model as M
     from quantize.kv import pack
@@ -487,13 +504,13 @@ def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
              if t.startswith(("regionkv.scores", "regionkv.mix"))]
     assert sorted(calls) == (["mix", "mix", "mix8", "scores", "scores", "scores8"] if on else []), \
         ops
-    # Without probabilities each long stretch is one call of the attend kernel, the short one
-    # the block's loops, combined by their log-sum-exps.
+    # Without probabilities the whole view, short stretch and INT8 one too, is one call of the
+    # attend kernel.
     (got, _), (want, _), ops = attend_compiled_and_eager(q, segs, mask, False)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
     calls = [t.removeprefix("regionkv.").removesuffix(".default") for t in ops
              if t.startswith(("regionkv.attend", "regionkv.scores", "regionkv.mix"))]
-    assert calls == (["attend"] * 3 if on else []), ops
+    assert calls == (["attend"] if on else []), ops
     torch._dynamo.reset()
 
 
