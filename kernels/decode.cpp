@@ -956,23 +956,23 @@ at::Tensor mix8(const at::Tensor& p, const at::Tensor& w, const at::Tensor& scal
 constexpr int64_t kMaxRows = 32;  // the rows a piece's score buffer holds (a step has <= 16)
 
 // Where a stretch's pieces go: its slots from column `col` of the mask, its blocks of `slots`
-// slots from block `first` of each (b, h)'s `blocks` (all stretches') in acc, mx and l.
+// slots from block `first` of each (b, h)'s blocks (all stretches') in acc, mx and l.
 struct Place {
-  int64_t col, slots, first, blocks;
+  int64_t col, slots, first;
 };
 
 // Every piece's block: its weighted values acc [M, D], and mx, l [M] (weigh's), at piece i =
-// bh * blocks + first + block. keys(bh) / values(bh): the readers of (b, h)'s stretch.
+// bh * blocks + first + block, blocks those of a (b, h) in all. keys(bh) / values(bh): the readers of (b, h)'s stretch.
 template <class Keys, class Values>
 void attend_blocks(int64_t isa, const float* qf, const bf16* qh, Keys keys, Values values,
                    const at::Tensor& mask, int64_t H, int64_t BH, int64_t M, int64_t S, int64_t D,
-                   float scale, Place place, float* acc, float* mx, float* l) {
+                   float scale, Place place, int64_t blocks, float* acc, float* mx, float* l) {
   const int64_t T = mask.size(2), mt = mask.stride(2);
   const int64_t mb = mask.size(0) == 1 ? 0 : mask.stride(0);
   const int64_t mh = mask.size(1) == 1 ? 0 : mask.stride(1);
   const uint8_t* mp = reinterpret_cast<const uint8_t*>(mask.data_ptr<bool>()) + place.col;
   pieces(BH, S, [&](int64_t bh, int64_t block, int64_t s0, int64_t s1) {
-    const int64_t i = bh * place.blocks + place.first + block, n = s1 - s0;
+    const int64_t i = bh * blocks + place.first + block, n = s1 - s0;
     float sb[kMaxRows * kAttendSlots];
     scores_of(isa, qf ? qf + bh * M * D : nullptr, qh ? qh + bh * M * D : nullptr,
               keys(bh).skip(s0), sb, M, n, D, 0, n);
@@ -1027,7 +1027,8 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& q, at::TensorList k,
   TORCH_CHECK(M <= kMaxRows, "regionkv::attend: at most ", kMaxRows, " rows, got ", M);
   std::vector<std::optional<at::Tensor>> ks(n), vs(n);
   std::vector<Place> place(n);
-  int64_t S = 0, blocks = 0;
+  std::vector<uint8_t> bytes;  // a (b, h)'s blocks, each 1 where its stretch is INT8
+  int64_t S = 0;
   for (int64_t j = 0; j < n; ++j) {
     ks[j] = k_scale.get(j);
     vs[j] = v_scale.get(j);
@@ -1047,9 +1048,9 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& q, at::TensorList k,
                 "regionkv::attend: q [B, H, M, D], k and v [B, H, S, D] of one dtype expected, "
                 "got ", q.sizes(), ", ", k[j].sizes(), " and ", v[j].sizes());
     const int64_t slots = attend_slots(Sj, BH);
-    place[j] = {S, slots, blocks, 0};
+    place[j] = {S, slots, static_cast<int64_t>(bytes.size())};
     S += Sj;
-    blocks += blocks_of(Sj, slots);
+    bytes.insert(bytes.end(), blocks_of(Sj, slots), int8);
   }
   TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 4 &&
               (mask.size(0) == B || mask.size(0) == 1) &&
@@ -1058,26 +1059,23 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& q, at::TensorList k,
               "regionkv::attend: mask must be bool [B|1, H|1, T, S] over the stretches' S slots "
               "in all, row m of q reading row m % T, got ", mask.sizes());
   const at::Tensor mk = mask.stride(3) == 1 ? mask : mask.contiguous();
+  const int64_t blocks = bytes.size();
   std::vector<float> acc(BH * blocks * M * D), mx(BH * blocks * M), l(BH * blocks * M);
-  std::vector<uint8_t> bytes(blocks, 0);
   const float sc = static_cast<float>(scale);
   // The query as each kind of stretch reads it, made once: float32, bfloat16 (AVX-512 BF16's
   // keys), float32 in byte order (INT8 codes).
   at::Tensor qf, qh;
   std::vector<float> qb;
   for (int64_t j = 0; j < n; ++j) {
-    place[j].blocks = blocks;
     const at::Tensor &kj = k[j], &vj = v[j];
     const int64_t Sj = kj.size(2);
     auto run = [&](const float* f, const bf16* h, auto keys, auto values) {
-      attend_blocks(isa, f, h, keys, values, mk, H, BH, M, Sj, D, sc, place[j], acc.data(),
-                    mx.data(), l.data());
+      attend_blocks(isa, f, h, keys, values, mk, H, BH, M, Sj, D, sc, place[j], blocks,
+                    acc.data(), mx.data(), l.data());
     };
     if (ks[j].has_value()) {
       if (qb.empty()) qb = in_byte_order(q);
       const at::Tensor &ksj = *ks[j], &vsj = *vs[j];
-      const int64_t nb = blocks_of(Sj, place[j].slots);
-      std::fill(bytes.begin() + place[j].first, bytes.begin() + place[j].first + nb, 1);
       run(qb.data(), nullptr,
           [&](int64_t bh) { return Codes{stretch(kj, bh, 4), stretch(ksj, bh, 4)}; },
           [&](int64_t bh) { return Codes{stretch(vj, bh, 4), stretch(vsj, bh, 4)}; });
