@@ -164,12 +164,12 @@ def mix(p: Tensor, v: Tensor, kernel: int | None = None) -> Tensor:
 def scores8(q: Tensor, words: Tensor, scale: Tensor, kernel: int | None = None) -> Tensor:
     """q [B, H, M, D] . the INT8 keys (words [B, H, S, D/4], scale [B, H, S, 1]) -> [B, H, M, S]
     float32: q . (scale * codes), each slot's scale applied once to its sum."""
-    return torch.ops.regionkv.scores8(q, words, scale, KERNEL if kernel is None else kernel)
+    return torch.ops.regionkv.scores8(q, words, bits(scale), KERNEL if kernel is None else kernel)
 
 
 def mix8(p: Tensor, words: Tensor, scale: Tensor, kernel: int | None = None) -> Tensor:
     """p [B, H, M, S] float32 @ the INT8 values (words, scale as in scores8) -> [B, H, M, D]."""
-    return torch.ops.regionkv.mix8(p, words, scale, KERNEL if kernel is None else kernel)
+    return torch.ops.regionkv.mix8(p, words, bits(scale), KERNEL if kernel is None else kernel)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float,
@@ -188,7 +188,8 @@ def attend_over(q: Tensor, stretches: list, mask: Tensor, scale: float,
     """attend over several stretches as one: stretches a list of (k, v, k_scale, v_scale), each
     as in attend (float, or INT8 with its scales), mask over their S slots in all, in order."""
     k, v, k_scale, v_scale = (list(x) for x in zip(*stretches))
-    return torch.ops.regionkv.attend(q, k, v, k_scale, v_scale, mask, scale,
+    return torch.ops.regionkv.attend(q, k, v, [bits(s) for s in k_scale],
+                                     [bits(s) for s in v_scale], mask, scale,
                                      KERNEL if kernel is None else kernel)
 
 
@@ -196,4 +197,13 @@ def widen8(words: Tensor, scale: Tensor, dtype: torch.dtype,
            kernel: int | None = None) -> Tensor:
     """An INT8 stretch (words [B, H, S, D/4], scale [B, H, S, 1] as in scores8) -> its values
     [B, H, S, D] in dtype (float32 or bfloat16): quantize.kv.widen, one call."""
-    return torch.ops.regionkv.widen8(words, scale, dtype, KERNEL if kernel is None else kernel)
+    return torch.ops.regionkv.widen8(words, bits(scale), dtype,
+                                     KERNEL if kernel is None else kernel)
+
+
+def bits(scale: Tensor | None) -> Tensor | None:
+    """An INT8 stretch's float32 scales as the kernels take them: their bits, int32. A cache's
+    scale is the last word of its int32 row viewed as float32 (quantize/kv.py), and viewed back
+    a compiled graph passes it as a view of that buffer alone; as float32 its wrapper makes a
+    dtype view per stretch and step (~4 µs each: 0.24 ms a 30-layer step of `quantized`)."""
+    return scale if scale is None or scale.dtype == torch.int32 else scale.view(torch.int32)

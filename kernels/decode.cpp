@@ -573,26 +573,25 @@ REGIONKV_INLINE __m512 sum4(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
 }
 
 // Four slots' scores of R <= 4 rows from their sums acc[r][n] (row r, slot n), each times
-// scale[n] (none: 1), stored at out [R, S].
-template <int R>
-REGIONKV_INLINE void put4(const __m512 (&acc)[4][4], const float* scale, float* out,
-                          int64_t S) {
+// lane n of scale (kScaled; else 1), stored at out [R, S].
+template <int R, bool kScaled>
+REGIONKV_INLINE void put4(const __m512 (&acc)[4][4], __m128 scale, float* out, int64_t S) {
   __m512 p[4];
   for (int r = 0; r < 4; ++r)
     p[r] = r < R ? fold4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]) : _mm512_setzero_ps();
   __m512 v = sum4(p[0], p[1], p[2], p[3]);
-  if (scale) v = _mm512_mul_ps(v, _mm512_broadcast_f32x4(_mm_loadu_ps(scale)));
+  if constexpr (kScaled) v = _mm512_mul_ps(v, _mm512_broadcast_f32x4(scale));
   _mm_storeu_ps(out, _mm512_castps512_ps128(v));
   if constexpr (R > 1) _mm_storeu_ps(out + S, _mm512_extractf32x4_ps(v, 1));
   if constexpr (R > 2) _mm_storeu_ps(out + 2 * S, _mm512_extractf32x4_ps(v, 2));
   if constexpr (R > 3) _mm_storeu_ps(out + 3 * S, _mm512_extractf32x4_ps(v, 3));
 }
 
-// R rows' scores over four INT8 slots k[n] (scales sc), D = L * V: each slot's vector of
-// codes widened once for the rows.
+// R rows' scores over four INT8 slots k[n] (scales: lane n of sc), D = L * V: each slot's
+// vector of codes widened once for the rows.
 template <int R, int V>
-REGIONKV_INLINE void codes4(const float* q, const int8_t* const (&k)[4], const float* sc,
-                            float* out, int64_t S) {
+REGIONKV_INLINE void codes4(const float* q, const int8_t* const (&k)[4], __m128 sc, float* out,
+                            int64_t S) {
   constexpr int D = L * V;
   __m512 acc[4][4];
   for (auto& a : acc) for (auto& v : a) v = _mm512_setzero_ps();
@@ -602,7 +601,7 @@ REGIONKV_INLINE void codes4(const float* q, const int8_t* const (&k)[4], const f
       for (int r = 0; r < R; ++r)
         acc[r][n] = _mm512_fmadd_ps(kv, _mm512_loadu_ps(q + r * D + L * j), acc[r][n]);
     }
-  put4<R>(acc, sc, out, S);
+  put4<R, true>(acc, sc, out, S);
 }
 
 // scores over INT8 codes for D = L * V: the query float32 in byte order, four slots at a time
@@ -615,12 +614,13 @@ REGIONKV_INLINE void scores_rows(const float* qb, Codes w, float* out, int64_t M
   int64_t s = s0;
   for (; s + 4 <= s1; s += 4) {
     const int8_t* k[4];
-    float sc[4];
     for (int n = 0; n < 4; ++n) {
       k[n] = w.row(s + n);
-      sc[n] = w.scale(s + n);
       prefetch_row(w.row(s + n + A), D, w.once);
     }
+    // The scales straight into a register: stored to the stack as a float[4] and read back as
+    // a vector, they stalled on store forwarding (a fifth of this loop's time on machine B).
+    const __m128 sc = _mm_setr_ps(w.scale(s), w.scale(s + 1), w.scale(s + 2), w.scale(s + 3));
     for (int64_t m = 0; m < M; m += 4) {
       const float* q = qb + m * D;
       float* o = out + m * S + s;
@@ -667,7 +667,7 @@ REGIONKV_INLINE void pairs4(const bf16* q, const bf16* const (&k)[4], float* out
         acc[r][n] = _mm512_dpbf16_ps(acc[r][n], kv,
                                      (__m512bh)_mm512_loadu_si512(q + r * D + 32 * j));
     }
-  put4<R>(acc, nullptr, out, S);
+  put4<R, false>(acc, _mm_setzero_ps(), out, S);
 }
 
 // Any head size, a slot at a time: the pairs of the last D % 32 elements one by one.
@@ -882,19 +882,29 @@ void check_codes(const char* op, const at::Tensor& a, const at::Tensor& w,
               a.size(1) == w.size(1) && scale.size(2) == w.size(2) && scale.size(3) == 1,
               "regionkv::", op, ": expected [B, H, M, *], words [B, H, S, D/4] and scales "
               "[B, H, S, 1], got ", a.sizes(), ", ", w.sizes(), " and ", scale.sizes());
-  TORCH_CHECK(w.element_size() == 4 && w.stride(3) == 1 && scale.scalar_type() == at::kFloat,
-              "regionkv::", op, ": the words must be contiguous 32-bit rows, the scales float32");
+  // A scale may come as its float32 bits in an int32 view (kernels/__init__.py: the word of
+  // its row as stored, which a compiled graph then passes without a dtype view of its own).
+  TORCH_CHECK(w.element_size() == 4 && w.stride(3) == 1 &&
+              (scale.scalar_type() == at::kFloat || scale.scalar_type() == at::kInt),
+              "regionkv::", op, ": the words must be contiguous 32-bit rows, the scales float32 "
+              "(or their bits as int32)");
   TORCH_CHECK(cpu_has(isa), "regionkv::", op, ": kernel ", isa, " does not run here");
 }
 
 // A query [B, H, M, D] in float32, each row in byte order (an INT8 stretch's, above).
+// Read from the query as it comes (float32 or bfloat16): no float32 copy of it on the way, an
+// op of its own at every call (a call's fixed cost is a step's cost: 30 calls a step).
 std::vector<float> in_byte_order(const at::Tensor& q) {
-  const at::Tensor qf = q.to(at::kFloat).contiguous();
-  const int64_t D = q.size(3), rows = qf.numel() / D;
+  const at::Tensor qc = q.scalar_type() == at::kBFloat16 ? q.contiguous()
+                                                         : q.to(at::kFloat).contiguous();
+  const int64_t D = q.size(3), rows = qc.numel() / D;
   std::vector<float> qb(rows * D);
-  const float* qp = qf.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t d = 0; d < D; ++d) qb[r * D + byte_of(d, D)] = qp[r * D + d];
+  auto permute = [&](const auto* qp) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t d = 0; d < D; ++d) qb[r * D + byte_of(d, D)] = widen(qp[r * D + d]);
+  };
+  if (qc.scalar_type() == at::kBFloat16) permute(qc.data_ptr<bf16>());
+  else permute(qc.data_ptr<float>());
   return qb;
 }
 
@@ -1081,16 +1091,18 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& q, at::TensorList k,
           [&](int64_t bh) { return Codes{stretch(vj, bh, 4), stretch(vsj, bh, 4)}; });
       continue;
     }
-    if (!qf.defined()) qf = q.to(at::kFloat).contiguous();
     const int64_t elem = kj.element_size();
     const bool once = read_once(isa, M);
+    // AVX-512 BF16 scores bfloat16 keys from the bfloat16 query alone: no float32 copy then.
+    const bool wide = kj.scalar_type() == at::kFloat || isa != 2;
+    if (wide && !qf.defined()) qf = q.to(at::kFloat).contiguous();
     if (kj.scalar_type() == at::kFloat) {
       run(qf.data_ptr<float>(), nullptr,
           [&](int64_t bh) { return Rows<float>{stretch(kj, bh, elem), once}; },
           [&](int64_t bh) { return Rows<float>{stretch(vj, bh, elem), once}; });
     } else {
       if (isa == 2 && !qh.defined()) qh = q.to(at::kBFloat16).contiguous();
-      run(qf.data_ptr<float>(), isa == 2 ? qh.data_ptr<bf16>() : nullptr,
+      run(wide ? qf.data_ptr<float>() : nullptr, isa == 2 ? qh.data_ptr<bf16>() : nullptr,
           [&](int64_t bh) { return Rows<bf16>{stretch(kj, bh, elem), once}; },
           [&](int64_t bh) { return Rows<bf16>{stretch(vj, bh, elem), once}; });
     }
