@@ -205,5 +205,6 @@ def bits(scale: Tensor | None) -> Tensor | None:
     """An INT8 stretch's float32 scales as the kernels take them: their bits, int32. A cache's
     scale is the last word of its int32 row viewed as float32 (quantize/kv.py), and viewed back
     a compiled graph passes it as a view of that buffer alone; as float32 its wrapper makes a
-    dtype view per stretch and step (~4 µs each: 0.24 ms a 30-layer step of `quantized`)."""
-    return scale if scale is None or scale.dtype == torch.int32 else scale.view(torch.int32)
+    dtype view per stretch and step (~4 µs each: 0.24 ms a 30-layer step of `quantized`).
+    Scales of another dtype pass as they are, for the op to refuse by name."""
+    return scale if scale is None or scale.dtype != torch.float32 else scale.view(torch.int32)

@@ -895,16 +895,14 @@ void check_codes(const char* op, const at::Tensor& a, const at::Tensor& w,
 // Read from the query as it comes (float32 or bfloat16): no float32 copy of it on the way, an
 // op of its own at every call (a call's fixed cost is a step's cost: 30 calls a step).
 std::vector<float> in_byte_order(const at::Tensor& q) {
-  const at::Tensor qc = q.scalar_type() == at::kBFloat16 ? q.contiguous()
-                                                         : q.to(at::kFloat).contiguous();
-  const int64_t D = q.size(3), rows = qc.numel() / D;
+  const int64_t D = q.size(3), rows = q.numel() / D;
   std::vector<float> qb(rows * D);
   auto permute = [&](const auto* qp) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t d = 0; d < D; ++d) qb[r * D + byte_of(d, D)] = widen(qp[r * D + d]);
   };
-  if (qc.scalar_type() == at::kBFloat16) permute(qc.data_ptr<bf16>());
-  else permute(qc.data_ptr<float>());
+  if (q.scalar_type() == at::kBFloat16) permute(q.contiguous().data_ptr<bf16>());
+  else permute(q.to(at::kFloat).contiguous().data_ptr<float>());
   return qb;
 }
 
