@@ -280,7 +280,9 @@ class KVSegment(NamedTuple):
 class KVView(NamedTuple):
     """What a cache hands attention for one step: the rotated query, the stretches of slots to
     attend over (S in all) and the mask [B, Hkv|1, T, S] over them (True = attend). mask None:
-    causal, query t attends slots 0..t of one segment of T slots (a prompt from position 0)."""
+    causal, query t attends slots 0..t of one segment of T slots (a prompt from position 0).
+    The segments after the first hold only tokens older than the step's first query (a region
+    cache's middle): every query sees the same of their slots (`attend_in_parts`)."""
     q: Tensor
     segments: list
     mask: Tensor
@@ -311,6 +313,32 @@ def split_attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, chunk: int) -> T
     return (w.unsqueeze(-1) * o).sum(2) / (w * l).sum(2).unsqueeze(-1)
 
 
+def attend_in_parts(qg: Tensor, segments: list, mask: Tensor, scale: float) -> Tensor:
+    """softmax(q.k * scale, masked) @ v over all the segments, by the fused CPU kernel over each
+    on its own, merged by their log-sum-exps: no copy that joins them, and the second segment's
+    slots go unmasked but for empty ones (a prompt chunk of `quantized` over its fast slots and
+    its widened INT8 middle: PERFORMANCE 6zv). qg [B, Hkv, M, D] (a KV head's queries folded),
+    segments in qg's dtype, mask [B, Hkv|1, T, S] (M = G * T) -> [B, Hkv, M, D] in qg's dtype.
+    A later segment is masked by the first query's row, broadcast over the rows (KVView)."""
+    T = mask.shape[2]
+    lses, outs, at = [], [], 0
+    for i, seg in enumerate(segments):
+        n = seg.k.shape[2]
+        seen = mask.narrow(-1, at, n)
+        seen = fold(seen, qg.shape[2] // T) if i == 0 else seen[:, :, :1]
+        at += n
+        bias = torch.zeros((), dtype=qg.dtype, device=qg.device).masked_fill(~seen, -math.inf)
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            qg, seg.k, seg.v, 0.0, False, attn_mask=bias, scale=scale)
+        # A row that sees none of the slots gets a log-sum-exp of 0 from the kernel: no weight.
+        lses.append(lse.masked_fill(~seen.any(-1), -math.inf))
+        outs.append(o)
+    lse = torch.stack(lses)
+    w = torch.exp(lse - lse.amax(0)).unsqueeze(-1)  # [parts, B, Hkv, M, 1]
+    y = sum(wi * o.float() for wi, o in zip(w, outs)) / w.sum(0)
+    return y.to(qg.dtype)
+
+
 def fold(mask: Tensor, G: int) -> Tensor:
     """mask [B, Hkv|1, T, S] -> [B, Hkv|1, G * T, S]: the rows of a KV head's folded queries."""
     return mask.unsqueeze(2).expand(-1, -1, G, -1, -1).flatten(2, 3)
@@ -338,11 +366,15 @@ def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Ten
     qg = q.reshape(B, Hkv, G * T, D)
     if not need_probs and not reduces(qg, True) and \
             any(seg.k_scale is not None or seg.v_scale is not None for seg in segments):
-        # A prompt chunk over INT8 stretches, no probabilities wanted: one copy of the slots in
-        # the model dtype a chunk, then the fused kernel, as for a float cache. Read by
-        # matmuls with the probabilities materialized, a 4k prompt of `quantized` took 7x
-        # `full`'s time (PERFORMANCE 6zh).
+        # A prompt chunk over INT8 stretches, no probabilities wanted: each stretch widened to
+        # the model dtype once a chunk, then the fused kernel, as for a float cache (on the CPU
+        # over each stretch on its own; elsewhere over one copy of them all). Read by matmuls
+        # with the probabilities materialized, a 4k prompt of `quantized` took 7x `full`'s
+        # time (PERFORMANCE 6zh).
         wide = [seg.widened(q.dtype) for seg in segments]
+        if q.device.type == "cpu":
+            y = attend_in_parts(qg, wide, mask, 1 / math.sqrt(D))
+            return y.view(B, H, T, D), None
         segments = [KVSegment(torch.cat([w.k for w in wide], dim=2),
                               torch.cat([w.v for w in wide], dim=2))]
     if not need_probs and all(seg.fuses(qg, mask.shape[-1]) for seg in segments):
@@ -631,7 +663,7 @@ class Transformer(nn.Module):
         first, last = (sum((bounds[r][j] for r, _, _ in rows), []) for j in range(2))
         if cache.scheduled:
             cache.before_step(first, last)
-        cache.before_chunk(last)
+        cache.before_chunk(first, last)
         # An eager commit leaves its token steps on its list, a traced chunk with no list
         # (caches/base.py); both settle here.
         left = cache.waiting = []

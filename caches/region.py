@@ -280,7 +280,7 @@ class RegionCache(KVCache):
             new = (self.of_key(k.to(self.k.dtype).float()).expand(B, H, T)
                    if name == self.key_stat else 0.0)
             put_slots(getattr(self, name), per_head, new)
-        used = self.live_slots(q)
+        used = self.live_slots(input_pos)
         # A cache that keeps every token holds the same slots in every head: one mask for all.
         pos = self.pos[:, :1] if self.keeps_every_token else self.pos
         pos = pos if used is None else pos.narrow(2, 0, self.n_fast + used)
@@ -291,39 +291,40 @@ class RegionCache(KVCache):
         mask = (pos.unsqueeze(-2) >= 0) & (pos.unsqueeze(-2) <= now)
         return self.trim(self.view(input_pos, q, per_head, mask), used)
 
-    def in_use(self, last: int) -> int:
-        """Middle slots that can hold a token once the stream holds position `last`, for a cache
-        whose middle spans the stream (quantized): middle slots fill lowest first, so no more
-        of them than the tokens that ever left the window."""
-        return min(self.n_mid, max(0, last + 1 - self.sink - self.window))
+    def in_use(self, first: int) -> int:
+        """Middle slots that a prompt chunk from position `first` attends, for a cache whose
+        middle spans the stream (quantized): middle slots fill lowest first, and only with
+        tokens that left the window, first - sink - window of them before the chunk; one at
+        least (the fused kernel stops on an empty stretch; the slot, empty, is masked)."""
+        return min(self.n_mid, max(1, first - self.sink - self.window))
 
-    def before_chunk(self, last: list) -> None:
+    def before_chunk(self, first: list, last: list) -> None:
         # The slots in use as a tensor's length (`live`), which a compiled chunk reads as a
         # size it does not guard on (unbacked): one graph for every length, the middle's whole
         # included (a size the graph guarded would compile again there, and at 0 and 1).
         if self.keeps_every_token:
-            self.live = torch.empty(self.in_use(max(last)), dtype=torch.int8,
+            self.live = torch.empty(self.in_use(max(first)), dtype=torch.int8,
                                     device=self.pos.device)
             torch._dynamo.decorators.mark_unbacked(self.live, 0)
 
     def after_chunk(self) -> None:
         self.__dict__.pop("live", None)  # an attribute only while set: `alike` compares them
 
-    def live_slots(self, q: Tensor) -> Optional[int]:
-        """The middle slots a prompt chunk of a cache whose middle spans the stream (quantized)
-        attends, or None for all: those that can hold a token yet (`in_use`), not the whole
-        static buffer, as the host said before the chunk (`live`; read by layer, compiled or
-        not), else as an eager chunk reads the latest position held. The slots left out are
-        empty (masked), so attention is unchanged: a 4k prompt attends over half the slots,
-        on average."""
-        if not self.keeps_every_token or q.shape[-2] == 1:
+    def live_slots(self, input_pos: Tensor) -> Optional[int]:
+        """The middle slots a prompt chunk at input_pos [B, T] of a cache whose middle spans the
+        stream (quantized) attends, or None for all: those that hold a token (`in_use`, for the
+        row furthest on), not the whole static buffer, as the host said before the chunk
+        (`live`; read by layer, compiled or not), else as an eager chunk's positions say. The
+        slots left out are empty (masked), so attention is unchanged: a 4k prompt attends over
+        half the slots, on average."""
+        if not self.keeps_every_token or input_pos.shape[-1] == 1:
             return None
         live = self.__dict__.get("live")
         if live is not None:
             return live.shape[0]
         if torch.compiler.is_compiling():
             return None
-        return self.in_use(int(self.pos.max()))  # a host read, once a layer
+        return self.in_use(int(input_pos[:, 0].max()))  # a host read, once a layer
 
     def trim(self, view: KVView, used: Optional[int]) -> KVView:
         """The view's slots cut to the fast ones and `used` middle ones (its mask is cut

@@ -203,7 +203,7 @@ def test_quantized_prompt_chunks_attend_only_over_slots_in_use(monkeypatch, posi
     def read(trimmed):
         monkeypatch.setattr(RegionCache, "trim", spy)
         if not trimmed:
-            monkeypatch.setattr(RegionCache, "live_slots", lambda self, q: None)
+            monkeypatch.setattr(RegionCache, "live_slots", lambda self, input_pos: None)
         caches = build_caches(model, 2, 256, factory)
         out = [model(ids[:, c:c + 8], pos[c:c + 8], caches) for c in range(0, 56, 8)]
         out += [model(ids[:, t:t + 1], pos[t:t + 1], caches) for t in range(56, 60)]
@@ -215,8 +215,9 @@ def test_quantized_prompt_chunks_attend_only_over_slots_in_use(monkeypatch, posi
     whole = read(False)
     assert (whole - trimmed).abs().max() < 1e-5
     capacity = chunks[0][0]
-    # chunk c (positions up to 8c + 7): the 16 fast slots and 8c + 8 - sink - window middle
-    assert [w for _, w in chunks[::2]] == [16 + 8 * c for c in range(7)]
+    # chunk c (positions from 8c): the 16 fast slots and the 8c - sink - window middle slots
+    # filled before it, one at least (an empty one, masked, for the fused kernel)
+    assert [w for _, w in chunks[::2]] == [16 + max(1, 8 * c - 8) for c in range(7)]
     assert all(a == b == capacity for a, b in steps)  # decode steps are not cut
     assert all(w == capacity for _, w in widths)  # and with trimming off, nothing is
 
@@ -236,8 +237,8 @@ def test_a_compiled_quantized_prompt_attends_over_the_slots_in_use_in_one_graph(
     prompt = [(7 * i) % 250 + 1 for i in range(370 if positions == "cache" else 310)]
     sizes, before = [], RegionCache.before_chunk
 
-    def spy(self, last):
-        before(self, last)
+    def spy(self, first, last):
+        before(self, first, last)
         live = self.__dict__.get("live")
         sizes.append(None if live is None else live.shape[0])
 
@@ -255,16 +256,50 @@ def test_a_compiled_quantized_prompt_attends_over_the_slots_in_use_in_one_graph(
         return torch.cat([first, s.logits]), counter.frame_count - frames, s.caches[0].n_mid
 
     import unittest.mock
-    with unittest.mock.patch.object(RegionCache, "live_slots", lambda self, q: None):
+    with unittest.mock.patch.object(RegionCache, "live_slots", lambda self, input_pos: None):
         whole, _, n_mid = run(False)
     with unittest.mock.patch.object(RegionCache, "before_chunk", spy):
         got, frames, _ = run(True)
     assert frames == 0
     torch.testing.assert_close(got, whole, rtol=1e-3, atol=1e-3)
     # (a wave's layers read pieces at different depths: the sizes grow layer by layer)
-    assert min(sizes) == 0 and len(set(sizes)) > 3
+    assert min(sizes) == 1 and len(set(sizes)) > 3
     assert max(sizes) == n_mid if positions == "cache" else n_mid - 16 < max(sizes) < n_mid
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name,options", [
+    ("quantized", {}), ("quantized", {"positions": "cache"}),
+    ("weightedkv", {"kv_middle": "int8"}), ("weightedkv", {"kv_middle": "int8", "prompt_compression": "bulk"}),
+    ("tova", {"kv_middle": "int8", "positions": "cache"})])
+def test_an_int8_middle_holds_only_tokens_older_than_the_step(monkeypatch, name, options):
+    """What attend_in_parts reads by (KVView): at every step, prompt chunks and decode, the
+    middle slots of a cache with an INT8 middle that a step attends hold tokens older than its
+    first query, and every query of the step sees the same of them."""
+    model = tiny_model()
+    ids = torch.randint(0, 256, (2, 60), generator=torch.Generator().manual_seed(3))
+    pos = torch.arange(60)
+    checked, view = [], RegionCache.view
+
+    def spy(self, input_pos, q, per_head, mask):
+        out = view(self, input_pos, q, per_head, mask)
+        mid = out.mask[..., self.n_fast:]  # [B, H|1, T, n]
+        assert (mid == mid[:, :, :1]).all()
+        held = self.pos[..., self.n_fast:self.n_fast + mid.shape[-1]]  # [B, H|1, n]
+        first = input_pos.reshape(-1, input_pos.shape[-1])[:, :1, None]
+        assert ((held < first) | ~mid[:, :, 0]).all()
+        checked.append((input_pos.shape[-1], bool(mid.any())))
+        return out
+    monkeypatch.setattr(RegionCache, "view", spy)
+    caches = build_caches(model, 2, 256, make_cache_factory(name, cache_size=BUDGET, chunk=8,
+                                                            **options))
+    with torch.inference_mode():
+        for c in range(0, 56, 8):
+            model(ids[:, c:c + 8], pos[c:c + 8], caches)
+        for t in range(56, 60):
+            model(ids[:, t:t + 1], pos[t:t + 1], caches)
+    # chunks and token steps both met, with a middle in use
+    assert {T for T, used in checked if used} >= {1, 8}
 
 
 def test_lagkv_scores_partitions_only_at_steps_that_complete_one(monkeypatch):
@@ -1170,7 +1205,8 @@ def test_a_wavefront_leaves_the_layers_of_a_cache_that_keeps_every_token_alone(m
         seen = []  # each chunk's rows (layers x batch), middle slots attended, slots it needs
 
         def record(self, view, used):
-            seen.append((view.q.shape[0], used, self.in_use(int(self.pos.max()))))
+            first = int(self.pos.max()) - view.q.shape[2] + 1  # the chunk's
+            seen.append((view.q.shape[0], used, self.in_use(first)))
             return trim(self, view, used)
         monkeypatch.setattr(RegionCache, "trim", record)
         caches = build_caches(model, 1, 256, make_cache_factory(
@@ -1181,7 +1217,9 @@ def test_a_wavefront_leaves_the_layers_of_a_cache_that_keeps_every_token_alone(m
         assert (max(heights) > 1) == stacks, (name, heights)
         if name == "quantized":
             assert all(used == need for _, used, need in seen)
-            assert len({used for _, used, _ in seen}) == 6  # one count a chunk position
+            # one count a chunk position, but the first two's: none left the window before
+            # either (one slot, empty, for the fused kernel)
+            assert sorted({used for _, used, _ in seen}) == [1, 8, 16, 24, 32]
 
 
 def test_one_pass_caches_read_a_prompt_in_two_pieces_of_half_at_most_prefill_piece():

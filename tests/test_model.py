@@ -237,6 +237,28 @@ def test_split_attention_is_the_masked_softmax_in_pieces(slots, chunk):
     assert (M.split_attend(q, k, v, mask, chunk).double() - ref).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_in_parts_is_the_masked_softmax_over_all_the_segments(dtype):
+    # A chunk's fast slots (causal, some empty) and a middle seen alike by every query, some of
+    # its slots empty; in row 1 none at all (the kernel gives such a part no weight).
+    g = torch.Generator().manual_seed(0)
+    B, Hkv, G, T, D, F, N = 2, 2, 3, 8, 16, 12, 40
+    q = torch.randn(B, Hkv, G * T, D, generator=g)
+    fast = M.KVSegment(*(torch.randn(B, Hkv, F, D, generator=g) for _ in range(2)))
+    mid = M.KVSegment(*(torch.randn(B, Hkv, N, D, generator=g) for _ in range(2)))
+    t, s = torch.arange(T).view(T, 1), torch.arange(F).view(1, F)
+    causal = (s >= 4) & (s - 4 <= t) | (s < 2)  # 2 sink slots, the chunk from slot 4
+    seen = (torch.arange(N) < torch.tensor([30, 0]).view(B, 1)) & (torch.arange(N) % 7 != 3)
+    mask = torch.cat([causal.expand(B, 1, T, F), seen.view(B, 1, 1, N).expand(B, 1, T, N)], -1)
+    k, v = (torch.cat([a, b], 2).double() for a, b in zip(fast[:2], mid[:2]))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k, v, attn_mask=M.fold(mask, G), scale=0.3)
+    got = M.attend_in_parts(q.to(dtype), [M.KVSegment(*(x.to(dtype) for x in seg[:2]))
+                                          for seg in (fast, mid)], mask, 0.3)
+    assert got.dtype == dtype
+    assert (got.double() - ref).abs().max() < (1e-5 if dtype == torch.float32 else 2e-2)
+
+
 # compiled: slow (a minute of compiling on a 2-core CPU) for a path the CPU does not take by
 # default (split-K decode attention is CUDA's; the CPU's compiled step reads through reductions)
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
@@ -535,6 +557,7 @@ def test_a_compiled_prompt_chunk_reads_int8_by_a_widened_copy_or_matmuls(need_pr
     scale = torch.rand(1, 2, n + 30, 1, generator=g) / 50
     segs = [M.KVSegment(kv, kv), M.KVSegment(pack(c), pack(c), scale, scale)]
     mask = torch.rand(1, 1, 32, 2 * n + 30, generator=g) > 0.2
+    mask[..., n:] = mask[..., :1, n:]  # the middle seen alike by every query, as in a view (KVView)
     (got, probs), (want, _), ops = attend_compiled_and_eager(q, segs, mask, need_probs)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
     assert (probs is not None) == need_probs
