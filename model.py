@@ -315,11 +315,11 @@ def split_attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, chunk: int) -> T
 
 def attend_in_parts(qg: Tensor, segments: list, mask: Tensor, scale: float) -> Tensor:
     """softmax(q.k * scale, masked) @ v over all the segments, by the fused CPU kernel over each
-    on its own, merged by their log-sum-exps: no copy that joins them, and the second segment's
-    slots go unmasked but for empty ones (a prompt chunk of `quantized` over its fast slots and
-    its widened INT8 middle: PERFORMANCE 6zv). qg [B, Hkv, M, D] (a KV head's queries folded),
-    segments in qg's dtype, mask [B, Hkv|1, T, S] (M = G * T) -> [B, Hkv, M, D] in qg's dtype.
-    A later segment is masked by the first query's row, broadcast over the rows (KVView)."""
+    on its own, merged by their log-sum-exps: no copy that joins them (a prompt chunk of
+    `quantized` over its fast slots and its widened INT8 middle: PERFORMANCE 6zv). qg [B, Hkv,
+    M, D] (a KV head's queries folded), segments in qg's dtype, mask [B, Hkv|1, T, S] (M = G *
+    T) -> [B, Hkv, M, D] in qg's dtype. A later segment is masked by the first query's row,
+    broadcast over the rows (KVView: every query sees the same of its slots)."""
     T = mask.shape[2]
     lses, outs, at = [], [], 0
     for i, seg in enumerate(segments):
