@@ -663,7 +663,7 @@ class Transformer(nn.Module):
         first, last = (sum((bounds[r][j] for r, _, _ in rows), []) for j in range(2))
         if cache.scheduled:
             cache.before_step(first, last)
-        cache.before_chunk(first, last)
+        cache.before_chunk(first)
         # An eager commit leaves its token steps on its list, a traced chunk with no list
         # (caches/base.py); both settle here.
         left = cache.waiting = []

@@ -116,9 +116,9 @@ class KVCache(nn.Module):
         """Host side, after the step: back to doing every position's work, which is what a
         graph compiled around the whole step (it never calls the host hooks) must do."""
 
-    def before_chunk(self, first: list, last: list) -> None:
+    def before_chunk(self, first: list) -> None:
         """Host side, before a prompt chunk that Transformer.read_by_layer hands this cache (or
-        a stack of caches), whose rows run from positions `first` to `last`."""
+        a stack of caches), whose rows start at positions `first`."""
 
     def after_chunk(self) -> None:
         """Host side, after that chunk and the token steps it left."""

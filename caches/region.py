@@ -298,7 +298,7 @@ class RegionCache(KVCache):
         least (the fused kernel stops on an empty stretch; the slot, empty, is masked)."""
         return min(self.n_mid, max(1, first - self.sink - self.window))
 
-    def before_chunk(self, first: list, last: list) -> None:
+    def before_chunk(self, first: list) -> None:
         # The slots in use as a tensor's length (`live`), which a compiled chunk reads as a
         # size it does not guard on (unbacked): one graph for every length, the middle's whole
         # included (a size the graph guarded would compile again there, and at 0 and 1).

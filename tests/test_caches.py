@@ -237,8 +237,8 @@ def test_a_compiled_quantized_prompt_attends_over_the_slots_in_use_in_one_graph(
     prompt = [(7 * i) % 250 + 1 for i in range(370 if positions == "cache" else 310)]
     sizes, before = [], RegionCache.before_chunk
 
-    def spy(self, first, last):
-        before(self, first, last)
+    def spy(self, first):
+        before(self, first)
         live = self.__dict__.get("live")
         sizes.append(None if live is None else live.shape[0])
 
@@ -270,7 +270,8 @@ def test_a_compiled_quantized_prompt_attends_over_the_slots_in_use_in_one_graph(
 
 @pytest.mark.parametrize("name,options", [
     ("quantized", {}), ("quantized", {"positions": "cache"}),
-    ("weightedkv", {"kv_middle": "int8"}), ("weightedkv", {"kv_middle": "int8", "prompt_compression": "bulk"}),
+    ("weightedkv", {"kv_middle": "int8"}),
+    ("weightedkv", {"kv_middle": "int8", "prompt_compression": "bulk"}),
     ("tova", {"kv_middle": "int8", "positions": "cache"})])
 def test_an_int8_middle_holds_only_tokens_older_than_the_step(monkeypatch, name, options):
     """What attend_in_parts reads by (KVView): at every step, prompt chunks and decode, the
