@@ -62,6 +62,9 @@ sees the machine in the same state:
     serial        the engine's step with Inductor's own kernels generated for one thread
                   (cpp.threads = 1: no OpenMP region in them; the GEMV and attention kernels
                   keep both threads; section 6zn: slower)
+    pool          the engine's step with Inductor's memory planning: a graph's buffers as
+                  views of one pool allocated once a call, not an allocation each (the
+                  wrapper's per-block buffers; section 6zw)
 VARIANTS (comma-separated) picks some; "graph" always runs, as the reference.
 Prints the median ms a step of each. Not part of the engine: docs/PERFORMANCE.md, sections 6c-6g,
 record what it measured.
@@ -88,7 +91,7 @@ from engine.default_model import resolve_checkpoint  # noqa: E402
 VARIANTS = ("graph", "sdpa", "regional", "reorder", "asserts", "realize", "headout", "unstored",
             "customop", "onednn", "unrolled", "cppwrap", "frozen", "frozeninline",
             "reductions", "attnreduce", "before6zd", "pwcat", "allslots", "unfused", "argmin",
-            "smallpages", "serial")
+            "smallpages", "serial", "pool")
 
 
 @torch.library.custom_op("decode_ab::stored", mutates_args=())
@@ -146,6 +149,7 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
     allslots, engine_slots = own_step_graph(), kernels.ATTEND_SLOTS
     unfused, argmin = own_step_graph(), own_step_graph()
     serial = own_step_graph({**G.STEP_OPTIONS, "cpp.threads": 1})
+    pool = own_step_graph({**G.STEP_OPTIONS, "memory_planning": True})
     engine_region = region.first_index, region.argmin_oldest, region.RegionCache.must_remove
     unrolled, cppwrap = own_step_graph(), own_step_graph({**G.STEP_OPTIONS, "cpp_wrapper": True})
     streamed = [m for m in model.modules() if isinstance(m, dense.PackedLinear) and
@@ -187,7 +191,8 @@ def main(policy: str, context: int, dtype: str, variants=VARIANTS) -> None:
                             "reductions": reductions, "attnreduce": attnreduce,
                             "before6zd": before6zd, "pwcat": pwcat,
                             "allslots": allslots, "unfused": unfused,
-                            "argmin": argmin, "serial": serial}.get(variant, graph)
+                            "argmin": argmin, "serial": serial,
+                            "pool": pool}.get(variant, graph)
         pages = small if variant == "smallpages" else huge
         for m, w in zip(streamed, pages):
             m.plain = w

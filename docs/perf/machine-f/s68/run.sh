@@ -5,17 +5,7 @@
 # 4, 5 and 1, 3 as on D, target 1 for every policy, the INT8 middle, and target 2).
 cd "$(dirname "$0")/../../../.." || exit 1
 out=docs/perf/machine-f/s68
-src=docs/perf/machine-d/s65/gemv_ceiling.cpp
-g++ -O3 -fopenmp $src -o /tmp/gemv-nta
-g++ -O3 -fopenmp -DHINT2=_MM_HINT_T0 $src -o /tmp/gemv-t0
-{
-  echo "# machine F (AMD EPYC family 23 model 49, Zen 2, AVX2 only; 2 vCPUs), 6zr"
-  echo "# g++ -O3 -fopenmp [-DHINT2=_MM_HINT_T0] $src"
-  for round in 1 2; do
-    /tmp/gemv-nta stream
-    for k in f32x4 f32 bf16x4 bf16; do /tmp/gemv-nta $k; /tmp/gemv-t0 $k; done
-  done
-} > $out/gemv-ceiling.txt 2>&1
+sh docs/perf/machine-d/s65/gemv_rounds.sh $out "machine F (AMD EPYC family 23 model 49, Zen 2, AVX2 only; 2 vCPUs), 6zr"
 OUT=$out CONTEXTS=4096 sh docs/perf/machine-e/s66/run.sh
 # This stop (6zr) stopped the run after the eleven at 4k in bfloat16 to look at target 5 in
 # float32 (single-core.txt, gemv-split.txt, the perf files, paced-bands.diff and its A/B files),

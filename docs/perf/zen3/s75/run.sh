@@ -6,18 +6,13 @@
 # token at 4k in float32.
 cd "$(dirname "$0")/../../../.." || exit 1
 out=docs/perf/zen3/s75
-src=docs/perf/machine-d/s65/gemv_ceiling.cpp
-g++ -O3 -fopenmp $src -o /tmp/gemv-nta
-g++ -O3 -fopenmp -DHINT2=_MM_HINT_T0 $src -o /tmp/gemv-t0
-{
-  echo "# machine A (AMD EPYC family 25 model 1, Zen 3, AVX2 only; 2 vCPUs), 6zw"
-  echo "# g++ -O3 -fopenmp [-DHINT2=_MM_HINT_T0] $src"
-  for round in 1 2; do
-    /tmp/gemv-nta stream
-    for k in f32x4 f32 bf16x4 bf16; do /tmp/gemv-nta $k; /tmp/gemv-t0 $k; done
-  done
-} > $out/gemv-ceiling.txt 2>&1
+sh docs/perf/machine-d/s65/gemv_rounds.sh $out "machine A (AMD EPYC family 25 model 1, Zen 3, AVX2 only; 2 vCPUs), 6zw"
 OUT=$out CONTEXTS=4096 sh docs/perf/machine-e/s66/run.sh
 python bench.py --dtype float32 --contexts 4096 --cache full,quantized --cache_size 256 \
   --prompt_compression bulk --prefill_chunk 128 --new_tokens 8 --repeats 2 --compile on \
   --compile_prefill --json > $out/ttft-4k-float32-quantized.json 2> $out/ttft-4k-float32-quantized.log
+# Then by hand (6zw): that line again (-again.json) and with --prefill_chunk 256 in both dtypes
+# (-chunk256.json); docs/perf/machine-d/s61/prefill_profile.py full|quantized float32 and
+# quantized bfloat16 at 4096 (prefill-profile-*.txt); docs/perf/zen3/s47/host_split.py
+# weightedkv[+int8] bfloat16 4096 40 (host-split-*.txt); scripts/decode_ab.py weightedkv+int8
+# 4096 bfloat16 pool; interleaved_overhead.py at 1024, all eleven, both dtypes.
