@@ -288,7 +288,15 @@ class RegionCache(KVCache):
         # widens every slot's position to int64 lanes through the stack (a 4k prompt of
         # `quantized`: 3 s in the masks of its chunks, PERFORMANCE 6zk).
         now = input_pos.view(B, 1, T, 1).to(pos.dtype)
-        mask = (pos.unsqueeze(-2) >= 0) & (pos.unsqueeze(-2) <= now)
+        seen = pos.unsqueeze(-2)
+        if T > 1:
+            # A prompt chunk's slot is seen where min(pos, now - pos) >= 0 (no overflow: now <
+            # 2**31 - 1), one comparison: two joined by & left the chunk's softmax over them a
+            # third slower on AVX-512 (machine C), level on AVX2 (PERFORMANCE 6zx). A decode
+            # step keeps the two, where the one read no faster.
+            mask = torch.minimum(seen, now - seen) >= 0
+        else:
+            mask = (seen >= 0) & (seen <= now)
         return self.trim(self.view(input_pos, q, per_head, mask), used)
 
     def in_use(self, first: int) -> int:
