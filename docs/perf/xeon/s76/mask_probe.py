@@ -1,5 +1,7 @@
 # Probe (PERFORMANCE 6zx): a region mask (0 <= pos <= now) in forms Inductor compiles differently, in a
-# prompt chunk's masked softmax ([2, 3, 384, 385], the stack height dynamic). python mask_probe.py
+# prompt chunk's masked softmax ([2, 3, 384, 385], the stack height dynamic), ms a call:
+#     python mask_probe.py   (acting as AVX2: ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+#     TORCHINDUCTOR_CPP_MARCH=x86-64-v3 TORCHINDUCTOR_CACHE_DIR=<its own>)
 import time, torch
 torch.set_num_threads(2)
 def make(variant):
@@ -38,7 +40,6 @@ fs = {v: make(v) for v in vs}
 ref = fs["i64"](s, pos, ip)[0]
 for v, f in fs.items(): print(v, torch.allclose(f(s, pos, ip)[0], ref, equal_nan=True))
 for r in range(3):
-    print(" ".join(f"{v} {min(timeit(f) for _ in [0]) if False else 0:.0f}" for v in []), end="")
     for v, f in fs.items():
         t = time.perf_counter()
         for _ in range(300): f(s, pos, ip)
