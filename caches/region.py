@@ -288,15 +288,15 @@ class RegionCache(KVCache):
         # widens every slot's position to int64 lanes through the stack (a 4k prompt of
         # `quantized`: 3 s in the masks of its chunks, PERFORMANCE 6zk).
         now = input_pos.view(B, 1, T, 1).to(pos.dtype)
-        seen = pos.unsqueeze(-2)
+        held = pos.unsqueeze(-2)  # [B, H|1, 1, S] each slot's position
         if T > 1:
             # A prompt chunk's slot is seen where min(pos, now - pos) >= 0 (no overflow: now <
             # 2**31 - 1), one comparison: two joined by & left the chunk's softmax over them a
             # third slower on AVX-512 (machine C), level on AVX2 (PERFORMANCE 6zx). A decode
             # step keeps the two, where the one read no faster.
-            mask = torch.minimum(seen, now - seen) >= 0
+            mask = torch.minimum(held, now - held) >= 0
         else:
-            mask = (seen >= 0) & (seen <= now)
+            mask = (held >= 0) & (held <= now)
         return self.trim(self.view(input_pos, q, per_head, mask), used)
 
     def in_use(self, first: int) -> int:
