@@ -65,7 +65,7 @@ from caches.base import KVCache, KVView, put_slots
 from caches.full import scatter_tokens
 from core.errors import UserError
 from model import KVSegment, apply_rope
-from quantize.kv import dequantize_words, quantize_words, split_words, zero_rows
+from quantize.kv import dequantize_few, dequantize_words, quantize_words, split_words, zero_rows
 
 FAR = 2**31 - 1  # a position later than any real one (positions are int32)
 
@@ -222,7 +222,7 @@ class RegionCache(KVCache):
         m = (g - self.n_fast).clamp(min=0).unsqueeze(-1).expand(*g.shape, Dm)
         fast = self.v_fast.gather(2, f).float()
         mid = rows.gather(2, m)
-        mid = dequantize_words(mid) if self.middle_int8 else mid.float()
+        mid = dequantize_few(mid) if self.middle_int8 else mid.float()
         return torch.where((g < self.n_fast).unsqueeze(-1), fast, mid)
 
     def write_v(self, g: Tensor, value: Tensor, do: Tensor) -> None:

@@ -322,6 +322,12 @@ def test_int8_codes_pack_a_quarter_of_the_row_into_each_byte_of_a_word(word, mon
         assert rows.dtype == word and rows.shape == (3, 17)
         assert torch.equal(rows[:, :16].view(torch.int32), pack(q).view(torch.int32))
         assert torch.equal(rows[:, 16:].view(torch.float32), scale)
+        # read back whole (a stretch's widen) or a few rows at a time (a merge's reads): the
+        # same float32 values, every bit, eager or compiled
+        want = q.float() * scale
+        for f in (kv.dequantize_words, kv.dequantize_few,
+                  torch.compile(kv.dequantize_few, fullgraph=True)):
+            assert torch.equal(f(rows), want)
     torch._dynamo.reset()
 
 
