@@ -530,7 +530,7 @@ class RegionCache(KVCache):
             kq = quantize_words(k)
             self.put_mid("k", idx, kq)
             self.put_mid("v", idx, quantize_words(v))
-            k = dequantize_words(kq)  # the key as the middle holds it
+            k = dequantize_few(kq)  # the key as the middle holds it
         else:
             self.put_mid("k", idx, k)
             self.put_mid("v", idx, v)
@@ -611,7 +611,7 @@ class RegionCache(KVCache):
             if self.middle_int8:
                 x = quantize_words(x)
                 if kv == "k":  # the keys as the middle holds them
-                    k = dequantize_words(x)
+                    k = dequantize_few(x)
             self.put_mid(kv, d4, torch.where(ok4, x, self.mid_rows(kv).gather(2, d4)))
         g = dst + self.n_fast
         for name in ("pos", *self.stats):

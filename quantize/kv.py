@@ -99,9 +99,10 @@ def dequantize_words(rows: Tensor) -> Tensor:
 def dequantize_few(rows: Tensor) -> Tensor:
     """rows [..., D/4 + 1] -> float32 [..., D], the values `dequantize_words` gives, as one
     pointwise expression over the row reshaped (`codes`): for a compiled step's read of a few
-    rows (a merge's victim and neighbour), where `widen`'s cat of four planes is a buffer and
-    a view of it per plane, each a call of the step's Python wrapper, in every layer
-    (docs/PERFORMANCE.md, 6zy). Its computed shifts leave a long copy's loop scalar, so whole
-    stretches go through `widen`."""
+    rows (a merge's victim and neighbour, the keys entering the middle, as it holds them, for
+    a key statistic), where `widen`'s cat of four planes is a buffer and a view of it per
+    plane, each a call of the step's Python wrapper, in every layer (docs/PERFORMANCE.md,
+    6zy). Its computed shifts leave a long copy's loop scalar, so whole stretches go through
+    `widen`."""
     words, scale = split_words(rows)
     return (codes(words) * scale.unsqueeze(-1)).flatten(-2)
