@@ -302,10 +302,11 @@ def bench_engine(model, policy, factory, settings, context, prompt, args, compil
     warm = gen.warmup(0.0, None)
     # A short untimed run warms the loop, the chunked-prefill graph and anything the warm-up
     # step did not reach, without paying for a long prefill (median of repeats absorbs the rest).
-    # A compiled prompt that is not chunked has a graph per length bucket: the whole prompt.
+    # A compiled prompt that is not chunked (the full cache's, or one read in one shot) has a
+    # graph per length bucket: the whole prompt.
     t = time.perf_counter()
-    gen.generate(prompt if compile_prefill and gen.prefill_chunk is None else prompt[:48], 3,
-                 temperature=0.0)
+    whole = gen.prefill_chunk is None or any(getattr(c, "one_shot", False) for c in gen.caches)
+    gen.generate(prompt if compile_prefill and whole else prompt[:48], 3, temperature=0.0)
     if compile_prefill:  # that run compiled the prompt's graph
         warm += time.perf_counter() - t
     runs = [gen.generate(prompt, args.new_tokens + 1, temperature=0.0)

@@ -620,9 +620,10 @@ class RegionCache(KVCache):
         put_slots(self.pos, src, torch.where(ok, -1, self.pos.gather(2, src)))
 
     def load_prompt(self, k: Tensor, v: Tensor, keep: Optional[Tensor],
-                    probs: Optional[Tensor]) -> None:
+                    probs: Optional[Tensor], rotated: bool = False) -> None:
         """Hold a whole prompt at once (one-shot prompt compression, caches/snapkv.py): k/v
-        [B, H, T, D] un-rotated at positions 0..T-1; the sink and window tokens stay, and of the
+        [B, H, T, D] at positions 0..T-1, un-rotated (or rotated there already: `rotated`,
+        under original positions only); the sink and window tokens stay, and of the
         rest those where keep [B, H, T] (at most `middle` per head; None: all of them) enter the
         middle in position order. probs [B, H, W, T], the attention of the last W prompt tokens,
         start the policy's statistics (`accumulate`; None for a policy without them)."""
@@ -642,7 +643,8 @@ class RegionCache(KVCache):
             src = first_true(keep, n)  # [B, H, n]
             idx = src.unsqueeze(-1).expand(B, H, n, D)
             km, vm = k.gather(2, idx), v.gather(2, idx)
-        if self.positions == "original":  # only the tokens that stay, each at its position
+        # Only the tokens that stay are rotated, each at its position.
+        if self.positions == "original" and not rotated:
             kf, km = apply_rope(kf, self.rope[fast]), apply_rope(km, self.rope[src])
         self.k_fast[:, :, slots] = kf.to(self.k.dtype)
         self.v_fast[:, :, slots] = v[:, :, fast].to(self.v.dtype)

@@ -11,11 +11,13 @@ observation window's attention (`RegionCache.load_prompt`) and the policy takes 
 first token after the prompt. Prompts that fit the budget, and prompts appended to a stream that
 already holds tokens, go chunk by chunk as before. A cache that keeps every token (quantized)
 keeps them all here too: one shot reads its prompt in the model dtype, then stores every token
-older than the window in int8, at the full cache's pace.
+older than the window in int8, at the full cache's pace (with compiled prompts, through the full
+cache's own compiled prompt graph: `through_graph`).
 """
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -31,17 +33,18 @@ POOL = 7  # SnapKV's pooling kernel
 class PromptCapture(FullCache):
     """Reads a whole prompt like `full`, keeping what one-shot compression needs: the
     un-rotated keys (a cache under rank positions stores them so) and the rotated queries of the
-    last `observe` tokens."""
+    last `observe` tokens. `capturing` False: a plain full cache (a compiled prompt graph's
+    read, whose last queries a second, short read takes)."""
 
     def __init__(self, *args, observe: int, **kw):
         super().__init__(*args, **kw)
-        self.observe = observe
+        self.observe, self.capturing = observe, True
         self.raw_k = self.q_obs = None
 
     def update(self, input_pos, q, k, v):
-        self.raw_k = k
         view = super().update(input_pos, q, k, v)
-        self.q_obs = view.q[:, :, -self.observe:]
+        if self.capturing:
+            self.raw_k, self.q_obs = k, view.q[:, :, -self.observe:]
         return view
 
 
@@ -87,39 +90,96 @@ def compresses_whole(caches, start: Tensor, n_tokens: int) -> bool:
                        for c in region)
 
 
+def keeps_all(c: RegionCache, T: int) -> bool:
+    """The middle holds every token of a T-token prompt between sink and window (quantized's):
+    nothing to choose."""
+    return T - c.sink - c.window <= c.middle
+
+
+def needs_votes(c: RegionCache, T: int) -> bool:
+    """Whether a one-shot layer needs the last queries' attention: a middle to choose, or
+    statistics that start from it (a cache without a middle, streaming's, chooses nothing)."""
+    return c.wants_probs or (c.middle > 0 and not keeps_all(c, T))
+
+
 @torch.inference_mode()
-def prefill_whole(model, caches, tokens: Tensor, compiled: bool = False) -> Tensor:
+def prefill_whole(model, caches, tokens: Tensor, compiled: bool = False,
+                  graph=None, bucket: Optional[int] = None) -> Tensor:
     """tokens [B, T] from position 0 -> the logits [B, V] after the last: read whole, then each
     one-shot layer keeps its survivors (the other layers read the prompt as they always do).
     compiled: the caller's prompts are compiled (read_prompt's word), so the model's compiled
-    pieces serve the layers' linears and MLP."""
+    pieces serve the layers' linears and MLP. graph: the compiled prompt graph, with the
+    prompt's length bucket: under original positions the prompt goes through it, as `full`'s
+    fresh prompt does (`through_graph`)."""
     B, T = tokens.shape
     a = model.args
-    rope = model.rope(T)
+    one_shot = [isinstance(c, RegionCache) and c.one_shot for c in caches]
+    # Under rank positions the layers load un-rotated keys, which the graph's caches do not hold.
+    by_graph = graph is not None and bucket is not None and bucket >= T and all(
+        c.positions == "original" if o else type(c) is FullCache
+        for c, o in zip(caches, one_shot))
+    length = bucket if by_graph else T
+    rope = model.rope(length)
     with torch.device(model.device):  # a rank's caches hold its share of the KV heads
-        passes = [PromptCapture(B, c.k.shape[1], a.head_dim, T, model.dtype, rope, c.layer_id,
-                                observe=min(c.observe, T))
-                  if isinstance(c, RegionCache) and c.one_shot else c for c in caches]
+        passes = [PromptCapture(B, c.k.shape[1], a.head_dim, length, model.dtype, rope,
+                                c.layer_id, observe=min(c.observe, T))
+                  if o else c for c, o in zip(caches, one_shot)]
     for p, c in zip(passes, caches):
         p.shard = c.shard
     pos = torch.arange(T, device=tokens.device)
     last = torch.tensor([T - 1], device=tokens.device)
-    if compiled and model.piece_steps:
+    if by_graph:
+        logits = through_graph(model, caches, passes, tokens, graph)
+    elif compiled and model.piece_steps:
         # Compiled prompts: each layer's linears and MLP through the compiled pieces (any
         # number of rows), its attention as eager chunks take it (causal over the prompt).
         logits = model.read_by_layer(tokens, pos, passes, T, last, piece=T,
-                                     parts=model.piece_steps)
+                                     parts=model.piece_steps)[:, -1]
     else:
-        logits = model(tokens, pos, passes, out_idx=last)
+        logits = model(tokens, pos, passes, out_idx=last)[:, -1]
     for p, c in zip(passes, caches):
         if p is c:
             continue
-        # The middle may hold every token between sink and window (quantized's): nothing to
-        # choose, and no votes unless the policy's statistics read attention.
-        keeps_all = T - c.sink - c.window <= c.middle
+        # The middle may hold every token between sink and window (quantized's), or none
+        # (streaming's): nothing to choose, and no votes unless the policy's statistics read
+        # attention.
+        every = keeps_all(c, T)
         probs = votes = None
-        if c.wants_probs or not keeps_all:
-            probs, votes = observation_votes(p.q_obs, p.k)
-        keep = None if keeps_all else keep_middle(votes, c.sink, c.window, c.middle)
-        c.load_prompt(p.raw_k, p.v, keep, probs)
-    return logits[:, -1]
+        if needs_votes(c, T):
+            probs, votes = observation_votes(p.q_obs, p.k[:, :, :T])
+        if every:
+            keep = None
+        elif votes is None:  # no middle: none of them
+            keep = torch.zeros(B, p.k.shape[1], T, dtype=torch.bool, device=tokens.device)
+        else:
+            keep = keep_middle(votes, c.sink, c.window, c.middle)
+        c.load_prompt(p.k[:, :, :T] if by_graph else p.raw_k, p.v[:, :, :T], keep, probs,
+                      rotated=by_graph)
+    return logits
+
+
+def through_graph(model, caches, passes: list, tokens: Tensor, graph) -> Tensor:
+    """A fresh prompt through the compiled prompt graph, as `full`'s: padded to the passes'
+    length (its bucket; the padding after the prompt, which no real query sees), causal over
+    the passes' own slots, which then hold every token's rotated key and value. Where a layer
+    needs the last queries' attention, a second, eager read of the observation window's tokens
+    over the filled slots captures them (its keys and values overwrite the same positions').
+    Returns the logits [B, V] after the last token."""
+    B, T = tokens.shape
+    capture = [p for p, c in zip(passes, caches) if p is not c]
+    dev, length = tokens.device, capture[0].k.shape[2]
+    for p in passes:
+        p.fresh = True  # causal over the prompt's own slots
+    for p in capture:
+        p.capturing = False
+    padded = torch.zeros(B, length, dtype=torch.long, device=dev)
+    padded[:, :T] = tokens
+    logits = graph(model, passes, padded, torch.arange(length, device=dev).expand(B, -1),
+                   torch.tensor([T - 1], device=dev))
+    for p in capture:
+        p.capturing = True
+    if any(needs_votes(c, T) for p, c in zip(passes, caches) if p is not c):
+        W = max(p.observe for p in capture)
+        model(tokens[:, T - W:], torch.arange(T - W, T, device=dev), passes,
+              out_idx=torch.tensor([W - 1], device=dev))
+    return logits

@@ -289,6 +289,9 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
     B, T = tokens.shape
     chunk = prefill_chunk(caches)
     if compresses_whole(caches, start, T):  # one-shot prompt compression
+        if compiled and prefill_fn is not prefill:
+            return prefill_whole(model, caches, tokens, compiled, prefill_fn,
+                                 prefill_bucket(T, max_seq_length))
         return prefill_whole(model, caches, tokens, compiled)
     if chunk is None:
         # the caller checked the room: the bucket never falls below T

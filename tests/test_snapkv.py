@@ -152,15 +152,17 @@ def test_compiled_decode_after_a_one_shot_prompt_matches_eager():
 
 @pytest.mark.parametrize("name", ["h2o", "quantized"])
 def test_a_one_shot_prompt_with_compiled_prompts_reads_through_the_compiled_pieces(name):
-    """With compiled prompts a one-shot prompt's layers take their linears and MLP through the
-    compiled pieces (any number of rows, no compile after the warm-up), its attention eager:
-    the logits and the caches eager's, up to the GEMMs' rounding. A session whose prompts are
-    not compiled leaves the pieces alone."""
+    """With compiled prompts and rank positions (its layers load un-rotated keys, which the
+    prompt graph's full caches do not hold), a one-shot prompt takes each layer's linears and
+    MLP through the compiled pieces (any number of rows, no compile after the warm-up), its
+    attention eager: the logits and the caches eager's, up to the GEMMs' rounding. A session
+    whose prompts are not compiled leaves the pieces alone."""
     from torch._dynamo.testing import CompileCounter
     from engine.generation import compile_prompt, read_prompt
     torch._dynamo.reset()
     model = tiny_model()
-    factory = make_cache_factory(name, cache_size=32, chunk=8, prompt_compression="snapkv")
+    factory = make_cache_factory(name, cache_size=32, chunk=8, prompt_compression="snapkv",
+                                 positions="cache")
     eager = Session(model, make_cache=factory, max_seq_length=256)
     eager.append(PROMPT)
     s = Session(model, make_cache=factory, max_seq_length=256)
@@ -214,3 +216,64 @@ def test_perplexity_after_a_prompt_scores_only_what_follows_it():
     assert long["chunked"].nlls != long["snapkv"].nlls
     with pytest.raises(UserError, match="leaves nothing to score"):
         streaming_perplexity(model, build_caches(model, 1, 160), PROMPT, prompt=150)
+
+
+@pytest.mark.parametrize("name", ["quantized", "streaming", "h2o", "knorm"])
+def test_a_compiled_one_shot_prompt_goes_through_the_prompt_graph(name):
+    """With compiled prompts, a one-shot prompt goes through the compiled prompt graph into
+    full caches of its length bucket, as `full`'s fresh prompt does, not through the eager
+    reads that capture queries all the way; a layer that needs the last queries' attention (a
+    middle to choose: knorm; statistics from it too: h2o) takes them from a second, eager read
+    of the observation window. The logits are that graph's (`full`'s), the caches hold what one
+    shot read eagerly holds (the same survivors; an int8 middle's codes the same, quantized
+    choosing nothing), and a second prompt of the bucket compiles nothing (new full caches each
+    prompt, the same graph)."""
+    import unittest.mock
+
+    from torch._dynamo.testing import CompileCounter
+
+    import caches.snapkv as snapkv
+    from engine.generation import compile_prompt
+    torch._dynamo.reset()
+    model = tiny_model(n_layer=2)
+    factory = make_cache_factory(name, cache_size=32, chunk=8, prompt_compression="snapkv")
+    counter = CompileCounter()
+    s = Session(model, make_cache=factory, max_seq_length=256)
+    s.prefill_fn, s.compiled_prefill = compile_prompt(model, backend=counter), True
+    rows = []  # the rows each eager read of a capturing cache took
+    real = snapkv.PromptCapture.update
+
+    def spy(self, pos, *a):
+        if not torch.compiler.is_compiling():
+            rows.append(pos.shape[-1])
+        return real(self, pos, *a)
+
+    with unittest.mock.patch.object(snapkv.PromptCapture, "update", spy):
+        s.append(PROMPT)
+        frames = counter.frame_count
+        s.reset()
+        s.append(PROMPT[:140])  # the same bucket (256)
+    assert frames > 0 and counter.frame_count == frames
+    votes = snapkv.needs_votes(s.caches[0], 150)
+    assert votes == (name in ("h2o", "knorm"))
+    observe = s.caches[0].observe
+    assert rows == ([observe] * 2 * model.args.n_layer if votes else [])
+    s.reset()
+    s.append(PROMPT)
+    eager = Session(model, make_cache=factory, max_seq_length=256)
+    eager.append(PROMPT)
+    full = Session(model, max_seq_length=256)
+    full.prefill_fn, full.compiled_prefill = s.prefill_fn, True
+    full.append(PROMPT)
+    assert torch.equal(s.logits, full.logits)
+    torch.testing.assert_close(s.logits, eager.logits, rtol=1e-4, atol=1e-4)
+    for a, b in zip(s.caches, eager.caches):
+        assert torch.equal(a.pos, b.pos)
+        for key, x in a.state().items():
+            if key not in ("k_words", "v_words"):
+                torch.testing.assert_close(x.float(), b.state()[key].float(), rtol=1e-4,
+                                           atol=1e-4)
+        if a.middle_int8:
+            assert int8_by_position(a) == int8_by_position(b)
+    assert s.generate(10).new_ids == eager.generate(10).new_ids
+    torch._dynamo.reset()
