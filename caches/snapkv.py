@@ -32,19 +32,27 @@ POOL = 7  # SnapKV's pooling kernel
 
 class PromptCapture(FullCache):
     """Reads a whole prompt like `full`, keeping what one-shot compression needs: the
-    un-rotated keys (a cache under rank positions stores them so) and the rotated queries of the
-    last `observe` tokens. `capturing` False: a plain full cache (a compiled prompt graph's
-    read, whose last queries a second, short read takes)."""
+    un-rotated keys (a cache under rank positions stores them so; an eager read's only) and the
+    rotated queries of the observation window, the prompt's last `observe` of its T tokens.
+    The queries go to a buffer, so that a compiled prompt graph writes them as it writes the
+    keys: one read of the prompt, in any route."""
 
-    def __init__(self, *args, observe: int, **kw):
+    def __init__(self, *args, observe: int, n_tokens: int, n_heads: int, **kw):
         super().__init__(*args, **kw)
-        self.observe, self.capturing = observe, True
-        self.raw_k = self.q_obs = None
+        B, _, _, D = self.k.shape
+        self.register_buffer("q_obs", torch.zeros(B, n_heads, observe, D, dtype=self.k.dtype),
+                             persistent=False)
+        # Their rows in the read's queries (every read here starts at 0): a tensor, so that
+        # prompts of one length bucket share a graph.
+        self.register_buffer("obs", torch.arange(n_tokens - observe, n_tokens),
+                             persistent=False)
+        self.observe, self.raw_k = observe, None
 
     def update(self, input_pos, q, k, v):
         view = super().update(input_pos, q, k, v)
-        if self.capturing:
-            self.raw_k, self.q_obs = k, view.q[:, :, -self.observe:]
+        self.q_obs.copy_(view.q.index_select(2, self.obs))
+        if not torch.compiler.is_compiling():
+            self.raw_k = k
         return view
 
 
@@ -122,7 +130,8 @@ def prefill_whole(model, caches, tokens: Tensor, compiled: bool = False,
     rope = model.rope(length)
     with torch.device(model.device):  # a rank's caches hold its share of the KV heads
         passes = [PromptCapture(B, c.k.shape[1], a.head_dim, length, model.dtype, rope,
-                                c.layer_id, observe=min(c.observe, T))
+                                c.layer_id, observe=min(c.observe, T), n_tokens=T,
+                                n_heads=c.k.shape[1] * (a.n_head // a.n_kv_heads))
                   if o else c for c, o in zip(caches, one_shot)]
     for p, c in zip(passes, caches):
         p.shard = c.shard
@@ -161,25 +170,14 @@ def prefill_whole(model, caches, tokens: Tensor, compiled: bool = False,
 def through_graph(model, caches, passes: list, tokens: Tensor, graph) -> Tensor:
     """A fresh prompt through the compiled prompt graph, as `full`'s: padded to the passes'
     length (its bucket; the padding after the prompt, which no real query sees), causal over
-    the passes' own slots, which then hold every token's rotated key and value. Where a layer
-    needs the last queries' attention, a second, eager read of the observation window's tokens
-    over the filled slots captures them (its keys and values overwrite the same positions').
-    Returns the logits [B, V] after the last token."""
+    the passes' own slots, which then hold every token's rotated key and value, and the
+    capturing passes the observation window's queries. Returns the logits [B, V] after the last
+    token."""
     B, T = tokens.shape
-    capture = [p for p, c in zip(passes, caches) if p is not c]
-    dev, length = tokens.device, capture[0].k.shape[2]
+    dev, length = tokens.device, passes[0].k.shape[2]
     for p in passes:
         p.fresh = True  # causal over the prompt's own slots
-    for p in capture:
-        p.capturing = False
     padded = torch.zeros(B, length, dtype=torch.long, device=dev)
     padded[:, :T] = tokens
-    logits = graph(model, passes, padded, torch.arange(length, device=dev).expand(B, -1),
-                   torch.tensor([T - 1], device=dev))
-    for p in capture:
-        p.capturing = True
-    if any(needs_votes(c, T) for p, c in zip(passes, caches) if p is not c):
-        W = max(p.observe for p in capture)
-        model(tokens[:, T - W:], torch.arange(T - W, T, device=dev), passes,
-              out_idx=torch.tensor([W - 1], device=dev))
-    return logits
+    return graph(model, passes, padded, torch.arange(length, device=dev).expand(B, -1),
+                 torch.tensor([T - 1], device=dev))

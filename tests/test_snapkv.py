@@ -10,6 +10,7 @@ from caches.snapkv import keep_middle, observation_votes
 from conftest import tiny_model
 from core.errors import UserError
 from engine.generation import Generator, Session, compile_decode, decode_one_token
+from quantize.kv import dequantize_words
 
 COMPRESSING = [n for n in POLICIES if not POLICIES[n].keeps_every_token]
 PROMPT = [(7 * i) % 250 + 1 for i in range(150)]
@@ -80,6 +81,25 @@ def int8_by_position(cache) -> dict:
                              for name in ("k_words", "v_words"))
             for b in range(mid.shape[0]) for h in range(mid.shape[1])
             for s, p in enumerate(mid[b, h].tolist()) if p >= 0}
+
+
+def assert_int8_middles_close(a, b):
+    """The int8 middles of two caches hold the same positions, and each row's values agree
+    within one code step of its scale: a compiled graph's keys and values are not bit-equal to
+    an eager read's on every CPU (AVX2 differs in the last bits), and a code on a rounding edge
+    may then move by one."""
+    rows = []
+    for cache in (a, b):
+        mid, state = cache.pos[..., cache.n_fast:], cache.state()
+        rows.append({(bb, h, p): [dequantize_words(state[name][bb, h, s])
+                                  for name in ("k_words", "v_words")]
+                     for bb in range(mid.shape[0]) for h in range(mid.shape[1])
+                     for s, p in enumerate(mid[bb, h].tolist()) if p >= 0})
+    assert rows[0].keys() == rows[1].keys()
+    for key, xs in rows[0].items():
+        for x, y in zip(xs, rows[1][key]):
+            step = x.abs().amax().item() / 127
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=step * 1.01 + 1e-6)
 
 
 def test_the_survivors_are_the_best_voted_by_the_observation_window():
@@ -222,12 +242,12 @@ def test_perplexity_after_a_prompt_scores_only_what_follows_it():
 def test_a_compiled_one_shot_prompt_goes_through_the_prompt_graph(name):
     """With compiled prompts, a one-shot prompt goes through the compiled prompt graph into
     full caches of its length bucket, as `full`'s fresh prompt does, not through the eager
-    reads that capture queries all the way; a layer that needs the last queries' attention (a
-    middle to choose: knorm; statistics from it too: h2o) takes them from a second, eager read
-    of the observation window. The logits are that graph's (`full`'s), the caches hold what one
-    shot read eagerly holds (the same survivors; an int8 middle's codes the same, quantized
-    choosing nothing), and a second prompt of the bucket compiles nothing (new full caches each
-    prompt, the same graph)."""
+    reads that capture queries all the way, and not a second time for the observation window: a
+    layer that needs the last queries' attention (a middle to choose: knorm; statistics from it
+    too: h2o) takes the queries the graph wrote. The logits are that graph's (`full`'s), the
+    caches hold what one shot read eagerly holds (the same survivors; an int8 middle's values
+    within a code step, quantized choosing nothing), and a second prompt of the bucket compiles
+    nothing (new full caches each prompt, the same graph)."""
     import unittest.mock
 
     from torch._dynamo.testing import CompileCounter
@@ -240,7 +260,7 @@ def test_a_compiled_one_shot_prompt_goes_through_the_prompt_graph(name):
     counter = CompileCounter()
     s = Session(model, make_cache=factory, max_seq_length=256)
     s.prefill_fn, s.compiled_prefill = compile_prompt(model, backend=counter), True
-    rows = []  # the rows each eager read of a capturing cache took
+    rows = []  # the rows of each eager read of a capturing cache: none
     real = snapkv.PromptCapture.update
 
     def spy(self, pos, *a):
@@ -256,8 +276,7 @@ def test_a_compiled_one_shot_prompt_goes_through_the_prompt_graph(name):
     assert frames > 0 and counter.frame_count == frames
     votes = snapkv.needs_votes(s.caches[0], 150)
     assert votes == (name in ("h2o", "knorm"))
-    observe = s.caches[0].observe
-    assert rows == ([observe] * 2 * model.args.n_layer if votes else [])
+    assert rows == []
     s.reset()
     s.append(PROMPT)
     eager = Session(model, make_cache=factory, max_seq_length=256)
@@ -274,6 +293,6 @@ def test_a_compiled_one_shot_prompt_goes_through_the_prompt_graph(name):
                 torch.testing.assert_close(x.float(), b.state()[key].float(), rtol=1e-4,
                                            atol=1e-4)
         if a.middle_int8:
-            assert int8_by_position(a) == int8_by_position(b)
+            assert_int8_middles_close(a, b)
     assert s.generate(10).new_ids == eager.generate(10).new_ids
     torch._dynamo.reset()
