@@ -2,8 +2,8 @@
 # Machine A (AMD EPYC family 25 model 1, Zen 3, AVX2 only; PERFORMANCE 6zza), one run at a time,
 # the files in this folder: the INT8 middle at 4k bfloat16 (twice; 6zy's `dequantize_few`, first
 # on a real AVX2 machine), one-shot first tokens at this code and at 928942c's (a worktree at
-# $BEFORE, before the graph wrote the window's queries) taking turns, then target 4 (`full` at
-# 1k against the bandwidth probe, both dtypes).
+# $BEFORE, before the graph wrote the window's queries) taking turns, then the INT8 middle twice
+# more (-3, -4: the first two disagreed).
 cd "$(dirname "$0")/../../../.." || exit 1
 out=$PWD/docs/perf/zen3/s81
 for i in 1 2; do
@@ -16,7 +16,7 @@ for i in 1 2; do
   (cd ${BEFORE:-/tmp/wt-before} && PYTHONPATH=. python $turns bfloat16 4096 quantized,streaming,h2o,weightedkv \
     > $out/turns-before-$i.txt 2>&1)
 done
-for dt in bfloat16 float32; do
-  python bench.py --dtype $dt --contexts 1024 --new_tokens 32 --compile on --json \
-    > $out/full-1k-$dt.json 2> $out/full-1k-$dt.log
+for i in 3 4; do
+  python scripts/interleaved_overhead.py 4096 streaming,weightedkv,weightedkv+int8,h2o,h2o+int8 \
+    bfloat16 > $out/interleaved-4096-bfloat16-int8-$i.txt 2>&1
 done
