@@ -250,7 +250,7 @@ def test_interactive_chat_in_a_terminal(default_checkpoint, tmp_path):
     counts the tokens seen, the cache bytes stay fixed, /save writes a loadable session, /reset
     starts over and /exit ends."""
     import pexpect
-    env = dict(os.environ, OMP_NUM_THREADS="2", REGIONKV_HOME=os.environ.get("REGIONKV_HOME", ""))
+    env = dict(os.environ, OMP_NUM_THREADS="1", REGIONKV_HOME=os.environ.get("REGIONKV_HOME", ""))
     env = {k: v for k, v in env.items() if v != ""}
     child = pexpect.spawn(sys.executable, [str(ROOT / "generate.py"), "--interactive",
                                            "--checkpoint_path", str(default_checkpoint),
