@@ -379,6 +379,32 @@ def prefill_bucket(n: int, max_seq_length: int) -> int:
     return min(bucket, max_seq_length)
 
 
+class TokenLog:
+    """The tokens [B, 1] a decode loop makes, copied into blocks of BLOCK columns allocated as
+    they fill. Kept one small tensor a step, every kept token sat in malloc's heap between
+    that step's freed temporaries and split them: the heap grew by 35-170 KB a token in long
+    runs while the memory in use stayed flat."""
+    BLOCK = 4096
+
+    def __init__(self, first: Tensor):
+        self.blocks, self.n = [], 0
+        self.append(first)
+
+    def append(self, token: Tensor) -> None:
+        at = self.n % self.BLOCK
+        if at == 0:
+            self.blocks.append(token.new_empty(token.shape[0], self.BLOCK))
+        self.blocks[-1][:, at:at + 1].copy_(token)
+        self.n += 1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def tolist(self) -> list:
+        """Every row's tokens, in order."""
+        return torch.cat(self.blocks, 1)[:, :self.n].tolist()
+
+
 @dataclass
 class Generation:
     token_ids: list                 # every token of each row's stream so far (prompt + new)
@@ -554,7 +580,7 @@ class Session:
             token = sample(self.logits, temperature, top_k)
         self.logits, self.pending = None, None
         before = [list(t) for t in self.tokens]  # the stream so far, all read
-        out = [token]
+        out = TokenLog(token)
         finished = torch.isin(token.view(-1), eos)
         # Reading the new token (to stream it and stop at EOS) is the loop's only host sync.
         # Without EOS ids or a callback nothing is read back, so a GPU runs steps back to back
@@ -576,7 +602,7 @@ class Session:
         sync(dev)
         t2 = time.perf_counter()
 
-        new = torch.cat(out, 1).tolist()
+        new = out.tolist()
         for b, r in enumerate(new):  # all but the last token were read (a row past its EOS too)
             self.tokens[b] += r[:-1]
         self.pending = token
