@@ -10,7 +10,9 @@ import json
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -148,15 +150,25 @@ def interactive(args, session, tokenizer) -> None:
             print(f"error: {as_flags(str(e))}", file=sys.stderr)
 
 
-def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
-    if args.list_caches:
-        print(list_caches())
-        return
-    profile_path = check_profile_path(args.profile) if args.profile else None
-    if args.interactive and (args.json or args.num_samples > 1 or args.profile):
-        raise UserError("--interactive is a terminal chat; it takes no --json, --num_samples "
-                        "or --profile")
+@dataclass
+class Run:
+    """What `start` made of the flags: the loaded model's generator (a Session for
+    --interactive), its tokenizer and prompt, and what the JSON report says of them."""
+    gen: object
+    tokenizer: object
+    prompt: list
+    positions: str
+    layers: dict
+    device: torch.device
+    dtype: torch.dtype
+    max_seq_length: int
+    compile_s: Optional[float]
+    tp: object
+
+
+def start(args) -> Run:
+    """Load the checkpoint and build (and, with --compile, warm up) the generator the flags
+    ask for; every size is checked before anything is loaded."""
     check_bake_argument(args)
     cache_factory_from_args(args, seed=args.seed or 0)  # bad cache flags fail before loading
     from engine.checkpoint import load_model, model_args
@@ -240,6 +252,21 @@ def main(argv=None) -> None:
         compile_s = gen.warmup(args.temperature, args.top_k)
         if not args.json:
             print(f"compiled in {compile_s:.1f} s", file=sys.stderr)
+    return Run(gen, tokenizer, prompt, positions, layers, device, dtype, max_seq_length,
+               compile_s, tp)
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.list_caches:
+        print(list_caches())
+        return
+    profile_path = check_profile_path(args.profile) if args.profile else None
+    if args.interactive and (args.json or args.num_samples > 1 or args.profile):
+        raise UserError("--interactive is a terminal chat; it takes no --json, --num_samples "
+                        "or --profile")
+    r = start(args)
+    gen, tokenizer, prompt, device = r.gen, r.tokenizer, r.prompt, r.device
     if args.interactive:
         interactive(args, gen, tokenizer)
         return
@@ -277,10 +304,10 @@ def main(argv=None) -> None:
 
     memory = {"cache_bytes": gen.cache_bytes, "peak_memory_bytes": peak_memory_bytes(device)}
     if args.json:
-        result = dict(samples[0], **memory, cache=args.cache, **layers, positions=positions,
-                      ranks=tp.world if tp else 1,
-                      device=str(device), compile_s=compile_s,
-                      dtype=str(dtype).removeprefix("torch."), max_seq_length=max_seq_length)
+        result = dict(samples[0], **memory, cache=args.cache, **r.layers, positions=r.positions,
+                      ranks=r.tp.world if r.tp else 1,
+                      device=str(device), compile_s=r.compile_s,
+                      dtype=str(r.dtype).removeprefix("torch."), max_seq_length=r.max_seq_length)
         if args.num_samples > 1:
             result["samples"] = samples
         print(json.dumps(result))
