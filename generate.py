@@ -10,9 +10,8 @@ import json
 import resource
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -150,8 +149,7 @@ def interactive(args, session, tokenizer) -> None:
             print(f"error: {as_flags(str(e))}", file=sys.stderr)
 
 
-@dataclass
-class Run:
+class Run(NamedTuple):
     """What `start` made of the flags: the loaded model's generator (a Session for
     --interactive), its tokenizer and prompt, and what the JSON report says of them."""
     gen: object
