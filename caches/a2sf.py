@@ -9,6 +9,10 @@ class A2SFCache(RegionCache):
     token with the lowest s, where every step s <- alpha * s + a_t.
 
     State: s [B, Hkv, C]. Option: forgetting_factor alpha (default 0.2).
+
+    Paper: A2SF: Accumulative Attention Scoring with Forgetting Factor for Token Pruning in
+    Transformer Decoder, https://arxiv.org/abs/2407.20485; implements the accumulative score
+    with a forgetting factor of its method section.
     """
     stats = ("s",)
     wants_probs = True

@@ -18,7 +18,8 @@ with no list: whoever calls the chunk's graph settles, after it, the caches whos
 
 `update` takes this step's un-rotated q [B, H, T, D] and k/v [B, Hkv, T, D] at positions
 input_pos [B, T] (each row at its own position), applies RoPE at the positions it chooses,
-writes K/V into its static buffers (allocated once, in __init__) and returns a model.KVView.
+writes K/V into its static buffers (allocated once, in __init__) and returns a KVView
+(caches/attention.py).
 Only policies that score tokens by attention set `wants_probs`; the others get probs = None and
 their attention goes through fused SDPA when their slots are one stretch in the model dtype.
 Stretches stored in int8 come back as int8 with their scales; attention folds the scales into
@@ -35,7 +36,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from model import KVSegment, KVView, apply_rope  # noqa: F401  (KVSegment: for policies)
+from caches.attention import KVSegment, KVView, attend  # noqa: F401  (KVSegment: for policies)
+from model import apply_rope  # noqa: F401
 
 
 def put_slots(buf: Tensor, index: Tensor, src) -> None:
@@ -83,6 +85,14 @@ class KVCache(nn.Module):
         # [shard.offset, shard.offset + Hkv) of shard.total, and shard.all_reduce sums over ranks.
         self.shard = None
         self.register_buffer("rope", rope, persistent=False)  # [max_len, D // 2, 2] float32
+
+    def attend(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """What the model's attention asks of its cache for one layer's step: q [B, H, T, D],
+        k/v [B, Hkv, T, D] un-rotated at positions input_pos [B, T] -> y [B, H, T, D]."""
+        view = self.update(input_pos, q, k, v)
+        y, probs = attend(view, need_probs=self.wants_probs)
+        self.commit(input_pos, probs)
+        return y
 
     def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> KVView:
         """q [B, H, T, D], k/v [B, Hkv, T, D] (un-rotated) at positions input_pos [B, T]."""

@@ -37,6 +37,11 @@ class CaMCache(RegionCache):
     State: acc [B, Hkv, C] (A, accumulated attention, this step included). One draw per KV head
     from a seeded counter-based generator, the same for every batch row. Option: merge_span m
     (default 16).
+
+    Paper: CaM: Cache Merging for Memory-efficient LLMs Inference (ICML 2024),
+    https://proceedings.mlr.press/v235/zhang24n.html; implements the merging of an evicted
+    value into the following ones with a sampled probability, as its method section states
+    it.
     """
     has_middle = False
     stats = ("acc",)

@@ -9,6 +9,10 @@ class H2OCache(RegionCache):
     accumulated attention.
 
     State: acc [B, Hkv, C], the attention each slot has received, summed over steps.
+
+    Paper: H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large Language
+    Models, https://arxiv.org/abs/2306.14048; implements Algorithm 1, the greedy eviction by
+    accumulated attention.
     """
     stats = ("acc",)
     wants_probs = True

@@ -13,6 +13,10 @@ class KeyDiffCache(RegionCache):
     Keys are compared as stored: rotated at their positions (original positions) or
     un-rotated (rank positions). State: the region buffers and each slot's 1 / |k|, taken once
     as its key is stored (an INT8 middle's as dequantized).
+
+    Paper: KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context LLM Inference in
+    Resource-Constrained Environments, https://arxiv.org/abs/2504.15364; implements the
+    method section's score: cosine similarity of each key to the mean key.
     """
     description = "evict the middle token whose key is most like the mean key (no attention needed)"
     stats = ("inv_norm",)

@@ -10,6 +10,10 @@ class KnormCache(RegionCache):
     no attention probabilities, the fused attention path stays.
 
     State: the region buffers only (norms are read from the keys; RoPE preserves them).
+
+    Paper: A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression,
+    https://arxiv.org/abs/2406.11430; implements the method section's rule: keep the keys of
+    lowest L2 norm.
     """
     description = "evict the middle token whose key has the largest L2 norm (no attention needed)"
 

@@ -23,6 +23,10 @@ class LagKVCache(RegionCache):
     completes one in some row (`before_step`): the compiled step has a variant without the
     scoring for the other L - 1 positions (the scoring is masked by row either way). Prompt
     chunks always score (one compiled compression step serves them).
+
+    Paper: LagKV: Lag-Relative Information of the KV Cache Tells Which Tokens Are Important,
+    https://arxiv.org/abs/2504.04704; implements the lag-relative score of its method
+    section.
     """
     stats = ("lag_score", "keep")
     options = {"lag": None, "lag_keep_ratio": 0.5}

@@ -8,6 +8,11 @@ class QuantizedCache(RegionCache):
     The middle holds up to max_seq_length - sink - window - chunk tokens (so that with the staging
     slots the cache spans max_seq_length); only a stream longer than that
     loses its oldest middle tokens.
+
+    Paper: No Token Left Behind: Reliable KV Cache Compression via Importance-Aware Mixed
+    Precision Quantization, https://arxiv.org/abs/2402.18096; implements its premise that
+    tokens are kept at low precision instead of dropped; here the tokens outside sink and
+    window are the ones kept in INT8.
     """
     description = "keep everything: sink + window in the model dtype, all older tokens in INT8"
     always_int8 = True

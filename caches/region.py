@@ -64,7 +64,8 @@ from torch import Tensor
 from caches.base import KVCache, KVView, put_slots
 from caches.full import scatter_tokens
 from core.errors import UserError
-from model import KVSegment, apply_rope
+from caches.attention import KVSegment
+from model import apply_rope
 from quantize.kv import dequantize_few, dequantize_words, quantize_words, split_words, zero_rows
 
 FAR = 2**31 - 1  # a position later than any real one (positions are int32)

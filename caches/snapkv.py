@@ -12,13 +12,15 @@ first token after the prompt. Prompts that fit the budget, and prompts appended 
 already holds tokens, go chunk by chunk as before. A cache that keeps every token (quantized)
 keeps them all here too: one shot reads its prompt in the model dtype, then stores every token
 older than the window in int8, at the full cache's pace (with compiled prompts, through the full
-cache's own compiled prompt graph: `through_graph`).
+cache's own compiled prompt graph: engine.prefill.through_graph).
+
+Paper: SnapKV: LLM Knows What You are Looking for Before Generation,
+https://arxiv.org/abs/2404.14469; implements the observation-window voting and pooling of its
+method section.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -108,76 +110,3 @@ def needs_votes(c: RegionCache, T: int) -> bool:
     """Whether a one-shot layer needs the last queries' attention: a middle to choose, or
     statistics that start from it (a cache without a middle, streaming's, chooses nothing)."""
     return c.wants_probs or (c.middle > 0 and not keeps_all(c, T))
-
-
-@torch.inference_mode()
-def prefill_whole(model, caches, tokens: Tensor, compiled: bool = False,
-                  graph=None, bucket: Optional[int] = None) -> Tensor:
-    """tokens [B, T] from position 0 -> the logits [B, V] after the last: read whole, then each
-    one-shot layer keeps its survivors (the other layers read the prompt as they always do).
-    compiled: the caller's prompts are compiled (read_prompt's word), so the model's compiled
-    pieces serve the layers' linears and MLP. graph: the compiled prompt graph, with the
-    prompt's length bucket: under original positions the prompt goes through it, as `full`'s
-    fresh prompt does (`through_graph`)."""
-    B, T = tokens.shape
-    a = model.args
-    one_shot = [isinstance(c, RegionCache) and c.one_shot for c in caches]
-    # Under rank positions the layers load un-rotated keys, which the graph's caches do not hold.
-    by_graph = graph is not None and bucket is not None and bucket >= T and all(
-        c.positions == "original" if o else type(c) is FullCache
-        for c, o in zip(caches, one_shot))
-    length = bucket if by_graph else T
-    rope = model.rope(length)
-    with torch.device(model.device):  # a rank's caches hold its share of the KV heads
-        passes = [PromptCapture(B, c.k.shape[1], a.head_dim, length, model.dtype, rope,
-                                c.layer_id, observe=min(c.observe, T), n_tokens=T,
-                                n_heads=c.k.shape[1] * (a.n_head // a.n_kv_heads))
-                  if o else c for c, o in zip(caches, one_shot)]
-    for p, c in zip(passes, caches):
-        p.shard = c.shard
-    pos = torch.arange(T, device=tokens.device)
-    last = torch.tensor([T - 1], device=tokens.device)
-    if by_graph:
-        logits = through_graph(model, caches, passes, tokens, graph)
-    elif compiled and model.piece_steps:
-        # Compiled prompts: each layer's linears and MLP through the compiled pieces (any
-        # number of rows), its attention as eager chunks take it (causal over the prompt).
-        logits = model.read_by_layer(tokens, pos, passes, T, last, piece=T,
-                                     parts=model.piece_steps)[:, -1]
-    else:
-        logits = model(tokens, pos, passes, out_idx=last)[:, -1]
-    for p, c in zip(passes, caches):
-        if p is c:
-            continue
-        # The middle may hold every token between sink and window (quantized's), or none
-        # (streaming's): nothing to choose, and no votes unless the policy's statistics read
-        # attention.
-        every = keeps_all(c, T)
-        probs = votes = None
-        if needs_votes(c, T):
-            probs, votes = observation_votes(p.q_obs, p.k[:, :, :T])
-        if every:
-            keep = None
-        elif votes is None:  # no middle: none of them
-            keep = torch.zeros(B, p.k.shape[1], T, dtype=torch.bool, device=tokens.device)
-        else:
-            keep = keep_middle(votes, c.sink, c.window, c.middle)
-        c.load_prompt(p.k[:, :, :T] if by_graph else p.raw_k, p.v[:, :, :T], keep, probs,
-                      rotated=by_graph)
-    return logits
-
-
-def through_graph(model, caches, passes: list, tokens: Tensor, graph) -> Tensor:
-    """A fresh prompt through the compiled prompt graph, as `full`'s: padded to the passes'
-    length (its bucket; the padding after the prompt, which no real query sees), causal over
-    the passes' own slots, which then hold every token's rotated key and value, and the
-    capturing passes the observation window's queries. Returns the logits [B, V] after the last
-    token."""
-    B, T = tokens.shape
-    dev, length = tokens.device, passes[0].k.shape[2]
-    for p in passes:
-        p.fresh = True  # causal over the prompt's own slots
-    padded = torch.zeros(B, length, dtype=torch.long, device=dev)
-    padded[:, :T] = tokens
-    return graph(model, passes, padded, torch.arange(length, device=dev).expand(B, -1),
-                 torch.tensor([T - 1], device=dev))

@@ -9,6 +9,10 @@ class TOVACache(RegionCache):
     same token.
 
     State: last [B, Hkv, C], this step's head-averaged attention (equal across heads).
+
+    Paper: Transformers are Multi-State RNNs, https://arxiv.org/abs/2401.06104; implements
+    the TOVA policy of its method section: drop the token of lowest current attention,
+    averaged over heads.
     """
     stats = ("last",)
     wants_probs = True

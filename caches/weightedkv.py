@@ -14,6 +14,10 @@ class WeightedKVCache(RegionCache):
     token); V_r <- (s_j V_j + s_r V_r) / (s_j + s_r) in float32; r keeps its own a and n.
 
     State: acc [B, Hkv, C] (a); n is derived from pos.
+
+    Paper: WeightedKV: Attention Scores Weighted Key-Value Cache Merging for Large Language
+    Models, https://arxiv.org/abs/2503.01330; implements Algorithm 1; `weightedkv-evict` is
+    its ablation that drops the value too.
     """
     stats = ("acc",)
     wants_probs = True

@@ -24,21 +24,14 @@ import torch
 from torch import Tensor
 
 from caches import CacheFactory, build_caches, make_cache_factory
-from caches.snapkv import compresses_whole, prefill_whole
 from caches.region import RegionCache
 from core.errors import UserError
-import kernels
-from model import Transformer, block_input, block_output, through_cache
+from caches.attention import through_cache
+from core import kernels
+from engine.prefill import (prefill, prefill_chunk, read_prompt, settle_left)
+from model import Transformer, block_input, block_output
 from quantize.dense import STREAM_ROWS, baking, baking_backend, stream_compiled_decode
 
-MIN_PREFILL_BUCKET = 16
-# The most prompt rows a layer reads at once in a wavefront (Transformer.read_by_layer,
-# layer_piece): PREFILL_PIECE where its cache compresses chunk by chunk in one pass (on an AMX
-# CPU a GEMM of 1,024 rows pays per call what one of 4,096 does not, PERFORMANCE 6y),
-# WAVE_PIECE where it takes token steps; BY_LAYER off: chunk by chunk through every layer.
-PREFILL_PIECE = 4096
-WAVE_PIECE = 256
-BY_LAYER = True
 SESSION_FORMAT = "regionkv-session"
 SESSION_VERSION = 4  # bump when the saved layout changes; older files are refused by name
 
@@ -55,11 +48,6 @@ def sample(logits: Tensor, temperature: float, top_k: Optional[int]) -> Tensor:
     # argmax(p / E) with E ~ Exp(1) draws from p (the exponential race), without a multinomial sync.
     noise = torch.empty_like(probs).exponential_(1)
     return (probs / noise).argmax(dim=-1, keepdim=True)
-
-
-def prefill(model: Transformer, caches, tokens: Tensor, input_pos: Tensor, last: Tensor) -> Tensor:
-    """tokens [B, T] at input_pos [B, T] -> the logits [B, V] at index `last` [1]."""
-    return model(tokens, input_pos, caches, out_idx=last)[:, -1]
 
 
 def decode_one_token(model: Transformer, caches, token: Tensor, input_pos: Tensor,
@@ -261,122 +249,11 @@ def settling(chunk_graph: Callable) -> Callable:
     return chunk
 
 
-def settle_left(caches, input_pos: Tensor) -> None:
-    """The token steps that compiled code left for a chunk at input_pos [B, T > 1]
-    (RegionCache.commit), every cache that takes them at once; a compiled single-token step
-    takes its own."""
-    T = input_pos.shape[1]
-    waiting = [c for c in caches if T > 1 and c.takes_token_steps(T)]
-    if waiting:
-        waiting[0].settle(waiting, input_pos)
-
-
 def warmup_positions(caches) -> list:
     """Positions a warm-up steps through: 0 and 1 (the second confirms the graph is reused),
     then each position where a cache's step first takes another variant (the first pass of a
     compression interval, LagKV's first partition scoring), so every variant compiles."""
     return sorted({0, 1}.union(*(c.warmup_positions() for c in caches)))
-
-
-def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_seq_length: int,
-                prefill_fn=prefill, compiled: bool = False, piece: Optional[int] = None
-                ) -> Tensor:
-    """tokens [B, T] at positions start [B, 1] + 0..T-1 through the caches, as each cache reads
-    a prompt (whole, in fixed chunks, or one shot); the logits [B, V] after the last token.
-    piece: the rows a layer reads at once where the prompt is read layer by layer (a
-    warm-up's; by default `layer_piece` chooses)."""
-    dev = tokens.device
-    B, T = tokens.shape
-    chunk = prefill_chunk(caches)
-    if compresses_whole(caches, start, T):  # one-shot prompt compression
-        if compiled and prefill_fn is not prefill:
-            return prefill_whole(model, caches, tokens, compiled, prefill_fn,
-                                 prefill_bucket(T, max_seq_length))
-        return prefill_whole(model, caches, tokens, compiled)
-    if chunk is None:
-        # the caller checked the room: the bucket never falls below T
-        T_in = T
-        if compiled and int(start.max()) > 0:
-            # A later piece attends over the whole static buffer under a mask, which a graph
-            # pads to its bucket: slower than eager (PERFORMANCE 6m). A fresh prompt, causal
-            # over its own slots, is where the graph wins.
-            compiled, prefill_fn = False, prefill
-        if compiled:
-            T_in = prefill_bucket(T, max_seq_length)
-            # The graph cannot read the positions: the caches take the causal path on this
-            # word (a layered plan's compiled chunks never set it: their full layers keep the
-            # mask).
-            for cache in caches:
-                cache.fresh = True
-        # Padding sits at positions after the prompt: masked from every real query, and
-        # overwritten by the steps that reach those positions.
-        padded = torch.zeros(B, T_in, dtype=torch.long, device=dev)
-        padded[:, :T] = tokens
-        span = start + torch.arange(padded.shape[1], device=dev)
-        return prefill_fn(model, caches, padded, span, torch.tensor([T - 1], device=dev))
-    # Compressing caches take fixed-size chunks (compressing after each), then the remainder
-    # one token at a time: two graph shapes for every prompt length.
-    n_chunks, whole = T // chunk, T // chunk * chunk
-    logits = None
-    if BY_LAYER and piece is None:
-        piece = layer_piece(caches, chunk, whole, len(model.layers))
-    if BY_LAYER and piece is not None and whole > chunk:
-        # Layer by layer, the whole prompt as one wavefront: each layer's linears read a
-        # piece of rows at once instead of a chunk's (the same values), and the layers at
-        # work on their pieces take their chunks as one stack.
-        through = model.chunk_step if compiled and model.chunk_step else through_cache
-        parts = model.piece_steps if compiled and model.piece_steps else \
-            (block_input, block_output)
-        logits = model.read_by_layer(tokens[:, :whole], start + torch.arange(whole, device=dev),
-                                     caches, chunk, torch.tensor([whole - 1], device=dev),
-                                     through, piece, parts)[:, -1]
-    else:
-        last = torch.tensor([chunk - 1], device=dev)
-        for c in range(n_chunks):
-            span = start + torch.arange(c * chunk, (c + 1) * chunk, device=dev)
-            # A copy, as for the tokens below: a slice's row stride is the prompt's length, and
-            # a compiled chunk's stride guards would recompile it for every prompt length.
-            piece = tokens[:, c * chunk:(c + 1) * chunk].clone(
-                memory_format=torch.contiguous_format)
-            logits = prefill_fn(model, caches, piece, span, last)
-    last = torch.tensor([0], device=dev)
-    for t in range(whole, T):
-        # contiguous like the decode loop's own tokens, so the graph's stride guards hold
-        step = tokens[:, t:t + 1].clone(memory_format=torch.contiguous_format)
-        logits = prefill(model, caches, step, start + t, last)
-    return logits
-
-
-def layer_piece(caches, chunk: int, rows: int, n_layer: int) -> Optional[int]:
-    """The piece of prompt rows that each layer's linears read at once when `rows` rows (whole
-    chunks) are read layer by layer as a wavefront (Transformer.read_by_layer), or None: chunk
-    by chunk through every layer. One-pass caches take half the prompt, at most PREFILL_PIECE
-    rows: two layers at work from the second wave on halve the chunk steps' calls, and pieces
-    of thousands of rows keep the linears' GEMMs large (docs/PERFORMANCE.md, section 6za).
-    Token-step caches, whose filling and draining add (n_layer - 1) pieces of token steps,
-    each a call (the layers at work share it): pieces of up to WAVE_PIECE rows and no more than
-    2 rows / (n_layer - 1), so that they at most triple the prompt's own; under two chunks the
-    wavefront does not pay, and the chunks go in order (section 6s)."""
-    if rows <= chunk:
-        return None
-    if not any(c.takes_token_steps(chunk) for c in caches):
-        half = -(-(rows // chunk) // 2)  # chunks, rounded up
-        return min(max(1, PREFILL_PIECE // chunk), half) * chunk
-    piece = min(WAVE_PIECE, 2 * rows // max(1, n_layer - 1)) // chunk * chunk
-    return piece if piece >= 2 * chunk else None
-
-
-def prefill_chunk(caches) -> Optional[int]:
-    """The prompt chunk the caches take (None: any length); a layered plan mixing full and
-    compressing layers takes the compressing layers' chunk."""
-    return next((c.prefill_chunk for c in caches if c.prefill_chunk is not None), None)
-
-
-def prefill_bucket(n: int, max_seq_length: int) -> int:
-    bucket = MIN_PREFILL_BUCKET
-    while bucket < n:
-        bucket *= 2
-    return min(bucket, max_seq_length)
 
 
 class TokenLog:

@@ -48,7 +48,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-import kernels
+from core import kernels
 from core.memory import empty_on_huge_pages
 
 DTYPES = (torch.float32, torch.bfloat16)

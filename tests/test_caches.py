@@ -19,7 +19,9 @@ from caches.weightedkv import WeightedKVCache
 from conftest import tiny_model
 from core.errors import UserError
 from engine.generation import Generator, Session, compile_decode, decode_one_token
-from model import KVView, rope_table
+from engine.prefill import read_by_layer
+from caches.attention import KVView
+from model import rope_table
 from quantize.kv import dequantize_int8, dequantize_words, quantize_int8
 
 COMPRESSING = [p for p in POLICIES if p != "full"]
@@ -166,7 +168,7 @@ class FakeQuantFullCache(FullCache):
         fq = lambda x: dequantize_int8(*quantize_int8(x)).to(x.dtype)  # noqa: E731
         k_ref = torch.where(middle, fq(k_all), k_all)
         v_ref = torch.where(middle, fq(v_all), v_all)
-        from model import KVSegment
+        from caches.attention import KVSegment
         return KVView(q, [KVSegment(k_ref, v_ref)], mask)
 
 
@@ -366,10 +368,10 @@ def test_a_warm_up_compiles_lagkv_with_and_without_scoring():
 def test_a_warm_up_compiles_a_wavefront_s_steps(name, kw, piece, monkeypatch):
     """Timings exclude compilation: after Session.warmup a long prompt, read as a wavefront
     (one to four layers at work, stacked), and its decode compile nothing."""
-    import engine.generation as generation
+    import engine.prefill as P
     from engine.generation import compile_prompt
     torch._dynamo.reset()
-    monkeypatch.setattr(generation, "WAVE_PIECE", 16)
+    monkeypatch.setattr(P, "WAVE_PIECE", 16)
     model = tiny_model(n_layer=4)
     counter = CompileCounter()
     s = Session(model, make_cache_factory(name, cache_size=BUDGET, chunk=8, **kw), 512)
@@ -378,9 +380,9 @@ def test_a_warm_up_compiles_a_wavefront_s_steps(name, kw, piece, monkeypatch):
     s.warmup()
     frames = counter.frame_count
     waves = []
-    read = model.read_by_layer
-    # read_prompt passes read_by_layer's arguments in order: the 7th is the piece
-    monkeypatch.setattr(model, "read_by_layer", lambda *a: waves.append(a[6]) or read(*a))
+    read = P.read_by_layer
+    # read_prompt passes read_by_layer's arguments in order: the 8th is the piece
+    monkeypatch.setattr(P, "read_by_layer", lambda *a: waves.append(a[7]) or read(*a))
     s.append(list(range(1, 200)))
     s.generate(20)
     assert waves == [piece] and counter.frame_count == frames
@@ -1172,7 +1174,7 @@ def assert_same_caches(a, b, atol=1e-5):
 @pytest.mark.parametrize("piece", [None, 16])
 def test_a_prompt_read_layer_by_layer_is_read_chunk_by_chunk(name, kw, piece):
     """Two rows read 48 tokens in chunks of 8 over a budget of 16, then 48 more (a later
-    piece, over retained tokens), eager: Transformer.read_by_layer (each layer's linears on
+    piece, over retained tokens), eager: engine.prefill.read_by_layer (each layer's linears on
     all 48 rows, or as a wavefront of pieces of 16 rows, its cache taking the six chunks in
     order) gives forward's logits and caches chunk by chunk, for every policy, the token-step
     ones (their steps settle per chunk and layer; in a wavefront the layers at work go as one
@@ -1187,7 +1189,7 @@ def test_a_prompt_read_layer_by_layer_is_read_chunk_by_chunk(name, kw, piece):
             pos = torch.arange(s, s + 48).expand(2, 48)
             want = [model(ids[:, c:c + 8], pos[:, c - s:c - s + 8], chunked)[:, -1]
                     for c in range(s, s + 48, 8)][-1]
-            got = model.read_by_layer(ids[:, s:s + 48], pos, layered, 8, torch.tensor([47]),
+            got = read_by_layer(model, ids[:, s:s + 48], pos, layered, 8, torch.tensor([47]),
                                       piece=piece)
             assert torch.allclose(got[:, -1], want, atol=1e-5)
             assert_same_caches(chunked, layered)
@@ -1213,7 +1215,7 @@ def test_a_wavefront_leaves_the_layers_of_a_cache_that_keeps_every_token_alone(m
         caches = build_caches(model, 1, 256, make_cache_factory(
             name, cache_size=BUDGET, chunk=8, prompt_compression="bulk"))
         with torch.inference_mode():
-            model.read_by_layer(ids, torch.arange(48), caches, 8, torch.tensor([47]), piece=16)
+            read_by_layer(model, ids, torch.arange(48), caches, 8, torch.tensor([47]), piece=16)
         heights = {rows for rows, _, _ in seen}
         assert (max(heights) > 1) == stacks, (name, heights)
         if name == "quantized":
@@ -1227,7 +1229,7 @@ def test_one_pass_caches_read_a_prompt_in_two_pieces_of_half_at_most_prefill_pie
     """layer_piece for caches that compress a chunk in one pass: half the prompt's chunks
     (rounded up), at most PREFILL_PIECE rows, so that two layers at a time share the chunk
     steps; under two chunks, chunk by chunk. Token-step caches keep their smaller pieces."""
-    from engine.generation import PREFILL_PIECE, layer_piece
+    from engine.prefill import PREFILL_PIECE, layer_piece
     model = tiny_model(n_layer=30)
     one_pass = build_caches(model, 1, 8192, make_cache_factory(
         "weightedkv", cache_size=BUDGET, chunk=128, prompt_compression="bulk"))
@@ -1250,17 +1252,16 @@ def test_read_prompt_reads_layer_by_layer_as_a_wavefront(name, kw, piece, monkey
     its 56 rows of whole chunks (then 5 tokens one by one): in pieces of 24 rows (24, 24, 8)
     where every cache compresses a chunk in one pass, of 16 where a cache takes token steps;
     the logits and caches of BY_LAYER off (chunk by chunk through every layer)."""
-    import engine.generation as generation
-    from model import Transformer
+    import engine.prefill as generation
     model = tiny_model(n_layer=2)
     ids = torch.randint(0, 256, (1, 61), generator=torch.Generator().manual_seed(2))
     factory = make_cache_factory(name, cache_size=BUDGET, chunk=8, **kw)
     monkeypatch.setattr(generation, "PREFILL_PIECE", 24)
     monkeypatch.setattr(generation, "WAVE_PIECE", 16)
     pieces = []
-    read = Transformer.read_by_layer
-    monkeypatch.setattr(Transformer, "read_by_layer", lambda self, idx, *a: pieces.append(
-        (idx.shape[1], a[5])) or read(self, idx, *a))
+    read = generation.read_by_layer
+    monkeypatch.setattr(generation, "read_by_layer", lambda model, idx, *a: pieces.append(
+        (idx.shape[1], a[5])) or read(model, idx, *a))
 
     def read_prompt(on):
         monkeypatch.setattr(generation, "BY_LAYER", on)
@@ -1295,8 +1296,8 @@ def test_a_compiled_chunk_step_reads_as_the_eager_one(name):
     compile_decode(lambda *a: None, model, backend=counter, caches=compiled)
     last = torch.tensor([47])
     with torch.inference_mode():
-        want = model.read_by_layer(ids, torch.arange(48), eager, 8, last)
-        got = model.read_by_layer(ids, torch.arange(48), compiled, 8, last, model.chunk_step, 8)
+        want = read_by_layer(model, ids, torch.arange(48), eager, 8, last)
+        got = read_by_layer(model, ids, torch.arange(48), compiled, 8, last, model.chunk_step, 8)
     assert torch.allclose(got, want, atol=1e-5)
     assert_same_caches(eager, compiled)
     token_steps = compiled[0].takes_token_steps(8)

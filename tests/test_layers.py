@@ -177,7 +177,8 @@ def test_compiled_prompts_read_layer_by_layer_compile_one_chunk_step(policy, opt
     layers or the prompt's length), and its pieces' norms, linears and MLP through one graph
     each (whatever the layer or the piece's length), with the tokens of eager prompts."""
     import engine.generation as G
-    from model import block_input, block_output, through_cache
+    from caches.attention import through_cache
+    from model import block_input, block_output
     torch._dynamo.reset()
     model = tiny_model(n_layer=4)
     factory = make_cache_factory(policy, cache_size=24, chunk=8, **options)

@@ -11,7 +11,7 @@ from caches import FullCache, build_caches, make_cache_factory
 from conftest import DATA
 from engine.checkpoint import load_model
 from engine.tokenizer import load_tokenizer
-from model import attend
+from caches.attention import attend
 
 
 

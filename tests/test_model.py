@@ -7,11 +7,13 @@ import torch
 import torch._dynamo
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
-import model as M
+import caches.attention as A
+
+from core import kernels as K
 from caches import build_caches, make_cache_factory
 from conftest import tiny_model
-from engine.generation import (Generator, Session, decode_one_token, prefill, prefill_bucket,
-                               sample, settling)
+from engine.generation import Generator, Session, decode_one_token, sample, settling
+from engine.prefill import prefill, prefill_bucket
 
 
 def full_logits(model, ids, max_seq_length=64, make_cache=None):
@@ -83,7 +85,6 @@ def test_compiled_generation_matches_eager_and_prefill_buckets_share_graphs():
     gen = Generator(model, max_seq_length=96, compile=True, compile_prefill=True)
     prefill_counter = CompileCounterWithBackend("inductor")
     decode_counter = CompileCounterWithBackend("inductor")
-    from engine.generation import prefill
     gen.prefill_fn = torch.compile(prefill, backend=prefill_counter, fullgraph=True, dynamic=False)
     gen.decode_fn = torch.compile(decode_one_token, backend=decode_counter, fullgraph=True)
     for n in (5, 11):  # both pad to the 16-token bucket
@@ -168,8 +169,8 @@ def test_a_compiled_fresh_prompt_attends_causally_over_its_own_slots(monkeypatch
     than a padded graph), and a layered plan's compiled chunks (read chunk by chunk, as a
     prompt too short to read layer by layer is) keep the mask in their full layers. Logits
     equal eager ones."""
-    import engine.generation as generation
-    monkeypatch.setattr(generation, "BY_LAYER", False)
+    import engine.prefill as P
+    monkeypatch.setattr(P, "BY_LAYER", False)
     torch._dynamo.reset()
     model = tiny_model()
     prompt, turn = list(range(3, 14)), list(range(20, 29))
@@ -234,7 +235,7 @@ def test_split_attention_is_the_masked_softmax_in_pieces(slots, chunk):
     mask = (pos <= torch.tensor([slots - 70, slots // 3]).view(2, 1, 1, 1)) & (pos % 5 != 1)
     ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
                                                            attn_mask=mask)
-    assert (M.split_attend(q, k, v, mask, chunk).double() - ref).abs().max() < 1e-5
+    assert (A.split_attend(q, k, v, mask, chunk).double() - ref).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -244,16 +245,16 @@ def test_attention_in_parts_is_the_masked_softmax_over_all_the_segments(dtype):
     g = torch.Generator().manual_seed(0)
     B, Hkv, G, T, D, F, N = 2, 2, 3, 8, 16, 12, 40
     q = torch.randn(B, Hkv, G * T, D, generator=g)
-    fast = M.KVSegment(*(torch.randn(B, Hkv, F, D, generator=g) for _ in range(2)))
-    mid = M.KVSegment(*(torch.randn(B, Hkv, N, D, generator=g) for _ in range(2)))
+    fast = A.KVSegment(*(torch.randn(B, Hkv, F, D, generator=g) for _ in range(2)))
+    mid = A.KVSegment(*(torch.randn(B, Hkv, N, D, generator=g) for _ in range(2)))
     t, s = torch.arange(T).view(T, 1), torch.arange(F).view(1, F)
     causal = (s >= 4) & (s - 4 <= t) | (s < 2)  # 2 sink slots, the chunk from slot 4
     seen = (torch.arange(N) < torch.tensor([30, 0]).view(B, 1)) & (torch.arange(N) % 7 != 3)
     mask = torch.cat([causal.expand(B, 1, T, F), seen.view(B, 1, 1, N).expand(B, 1, T, N)], -1)
     k, v = (torch.cat([a, b], 2).double() for a, b in zip(fast[:2], mid[:2]))
     ref = torch.nn.functional.scaled_dot_product_attention(
-        q.double(), k, v, attn_mask=M.fold(mask, G), scale=0.3)
-    got = M.attend_in_parts(q.to(dtype), [M.KVSegment(*(x.to(dtype) for x in seg[:2]))
+        q.double(), k, v, attn_mask=A.fold(mask, G), scale=0.3)
+    got = A.attend_in_parts(q.to(dtype), [A.KVSegment(*(x.to(dtype) for x in seg[:2]))
                                           for seg in (fast, mid)], mask, 0.3)
     assert got.dtype == dtype
     assert (got.double() - ref).abs().max() < (1e-5 if dtype == torch.float32 else 2e-2)
@@ -270,10 +271,10 @@ def test_decoding_through_split_attention_keeps_the_tokens(monkeypatch, compiled
     prompt = list(range(3, 40))
     expected = Generator(model, max_seq_length=100).generate(prompt, 30).new_ids[0]
     calls = []
-    split = M.split_attend
-    monkeypatch.setattr(M, "split_attend", lambda *a: calls.append(1) or split(*a))
-    monkeypatch.setattr(M, "SPLIT_SLOTS", {"cpu": 16})
-    monkeypatch.setattr(M, "REDUCE_ROWS", 0)
+    split = A.split_attend
+    monkeypatch.setattr(A, "split_attend", lambda *a: calls.append(1) or split(*a))
+    monkeypatch.setattr(K, "SPLIT_SLOTS", {"cpu": 16})
+    monkeypatch.setattr(K, "REDUCE_ROWS", 0)
     torch._dynamo.reset()
     gen = Generator(model, max_seq_length=100, compile=compiled)
     assert gen.generate(prompt, 30).new_ids[0] == expected
@@ -363,7 +364,7 @@ def test_int8_stretches_attend_as_their_dequantized_values_do(compiled, dtype, w
                 seg.append((x, None))
                 plain.append(x.float())
         (k, ks), (v, vs) = seg
-        return M.KVSegment(k, v, ks, vs), plain
+        return A.KVSegment(k, v, ks, vs), plain
     made = [stretch(300, False, False), stretch(100, False, False), stretch(300, True, True),
             stretch(37, True, True), stretch(50, False, True)]
     segs = [m[0] for m in made]
@@ -375,7 +376,7 @@ def test_int8_stretches_attend_as_their_dequantized_values_do(compiled, dtype, w
     want = want_probs @ v
 
     def attend(q, segs, mask):
-        return M.attend(M.KVView(q, segs, mask), need_probs=True)
+        return A.attend(A.KVView(q, segs, mask), need_probs=True)
     torch._dynamo.reset()
     got, got_probs = (torch.compile(attend, fullgraph=True) if compiled else attend)(q, segs, mask)
     tolerance = 1e-5 if dtype == torch.float32 else want.abs().max().item() / 128  # rounding
@@ -391,7 +392,7 @@ def test_every_attention_kernel_reads_strided_stretches_exactly(dtype):
     query rows, head sizes in registers (64, 128) and not (40; 36, not a multiple of 8 lanes),
     a stretch sliced out of a larger buffer, by every kernel this CPU has, against float64; bad
     input is a clear error."""
-    import kernels
+    from core import kernels
     from quantize.kv import dequantize_words, quantize_words, split_words
     assert kernels.available(), "the decode kernels build on every x86 machine of the pool"
     g = torch.Generator().manual_seed(0)
@@ -434,7 +435,7 @@ def test_the_attend_kernel_is_masked_softmax_attention_over_a_stretch(dtype):
     CPU has, against float64; bad input is a clear error."""
     import math
 
-    import kernels
+    from core import kernels
     from quantize.kv import dequantize_words, quantize_words, split_words
     assert kernels.available()
     g = torch.Generator().manual_seed(0)
@@ -489,7 +490,6 @@ def attend_compiled_and_eager(q, segs, mask, need_probs: bool):
     """model.attend over (q, segs, mask) compiled whole, its graph recorded and run eagerly,
     and plain eager -> ((y, probs) compiled, (y, probs) eager, the graph's node targets as
     strings). Dynamo's caches are reset before the trace."""
-    import model as M
     graphs = []
 
     def recording(gm, example_inputs):
@@ -497,7 +497,7 @@ def attend_compiled_and_eager(q, segs, mask, need_probs: bool):
         return gm.forward
 
     def attend(q, segs, mask):
-        return M.attend(M.KVView(q, segs, mask), need_probs=need_probs)
+        return A.attend(A.KVView(q, segs, mask), need_probs=need_probs)
     torch._dynamo.reset()
     got = torch.compile(attend, fullgraph=True, backend=recording)(q, segs, mask)
     return got, attend(q, segs, mask), graphs[-1]
@@ -510,8 +510,7 @@ def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
     kernels.mix8, with the same output and probabilities as eager, or, when no probabilities
     are wanted, the whole view through one call of kernels.attend; a shorter stretch (with
     probabilities), and kernels.ATTENTION = False, keep Inductor's reductions."""
-    import kernels
-    import model as M
+    from core import kernels
     from quantize.kv import pack
     monkeypatch.setattr(kernels, "ATTENTION", on)
     assert kernels.available()  # built before the trace, as the engine does
@@ -521,9 +520,9 @@ def test_a_compiled_cpu_step_attends_through_the_kernels(on, monkeypatch):
     kv = [torch.randn(1, 2, s, 64, generator=g).bfloat16() for s in (n, n + 100)]
     c = torch.randint(-127, 128, (1, 2, n + 30, 64), generator=g, dtype=torch.int8)
     scale = torch.rand(1, 2, n + 30, 1, generator=g) / 50
-    segs = [M.KVSegment(kv[0], kv[1][:, :, :n]), M.KVSegment(kv[1], kv[1]),
-            M.KVSegment(pack(c), pack(c), scale, scale),
-            M.KVSegment(kv[0][:, :, :40], kv[0][:, :, :40])]
+    segs = [A.KVSegment(kv[0], kv[1][:, :, :n]), A.KVSegment(kv[1], kv[1]),
+            A.KVSegment(pack(c), pack(c), scale, scale),
+            A.KVSegment(kv[0][:, :, :40], kv[0][:, :, :40])]
     mask = torch.rand(1, 1, 1, 3 * n + 170, generator=g) > 0.2
     (got, got_probs), (want, want_probs), ops = attend_compiled_and_eager(q, segs, mask, True)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
@@ -551,8 +550,7 @@ def test_a_compiled_prompt_chunk_reads_int8_by_a_widened_copy_or_matmuls(need_pr
     matmul over the codes. Either way: the values of attention over the dequantized slots
     (computed here in float32), and eager's. The widened copy is kernels.widen8's, equal bit
     for bit to quantize.kv.widen for every kernel this CPU has."""
-    import kernels
-    import model as M
+    from core import kernels
     from quantize.kv import pack
     assert kernels.available()
     g = torch.Generator().manual_seed(1)
@@ -561,7 +559,7 @@ def test_a_compiled_prompt_chunk_reads_int8_by_a_widened_copy_or_matmuls(need_pr
     kv = torch.randn(1, 2, n, 64, generator=g).bfloat16()
     c = torch.randint(-127, 128, (1, 2, n + 30, 64), generator=g, dtype=torch.int8)
     scale = torch.rand(1, 2, n + 30, 1, generator=g) / 50
-    segs = [M.KVSegment(kv, kv), M.KVSegment(pack(c), pack(c), scale, scale)]
+    segs = [A.KVSegment(kv, kv), A.KVSegment(pack(c), pack(c), scale, scale)]
     mask = torch.rand(1, 1, 32, 2 * n + 30, generator=g) > 0.2
     mask[..., n:] = mask[..., :1, n:]  # the middle seen alike by every query, as in a view (KVView)
     (got, probs), (want, _), ops = attend_compiled_and_eager(q, segs, mask, need_probs)
@@ -589,14 +587,13 @@ def test_a_cpu_without_bfloat16_matmuls_reads_values_in_float32(monkeypatch):
     """On an AVX2-only CPU (no oneDNN bfloat16) a bfloat16 matmul takes ATen's fallback, 20-35x
     slower than float32 at attention's shapes: the explicit softmax reads V in float32 there,
     in the model dtype elsewhere."""
-    import model as M
     g = torch.Generator().manual_seed(0)
     v = torch.randn(1, 2, 40, 8, generator=g).to(torch.bfloat16)
     p = torch.softmax(torch.randn(1, 2, 3, 40, generator=g), dim=-1)
-    seg = M.KVSegment(v, v)
-    monkeypatch.setattr(M, "CPU_BF16_MATMUL", False)
+    seg = A.KVSegment(v, v)
+    monkeypatch.setattr(K, "CPU_BF16_MATMUL", False)
     assert torch.equal(seg.mix(p), p @ v.float())
-    monkeypatch.setattr(M, "CPU_BF16_MATMUL", True)
+    monkeypatch.setattr(K, "CPU_BF16_MATMUL", True)
     assert torch.equal(seg.mix(p), (p.to(torch.bfloat16) @ v).float())
     assert not torch.equal(p @ v.float(), (p.to(torch.bfloat16) @ v).float())
 

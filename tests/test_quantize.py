@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
+from core import kernels
 from caches import build_caches
 from conftest import run_cli, tiny_model
 
@@ -558,7 +558,7 @@ def test_every_gemv_kernel_gives_the_float32_sum_rounded_once(dtype):
     """regionkv::gemv: x @ w.T for 1 or 2 rows, float32 products and sums rounded once to the
     dtype, by each kernel this CPU has (tails of rows and of features included), for any
     leading shape and a strided x; bad input is a clear error, not a crash."""
-    from kernels import gemv
+    from core.kernels import gemv
     g = torch.Generator().manual_seed(0)
     for n, k in [(960, 576), (7, 40), (130, 34), (3, 1536)]:
         w = torch.randn(n, k, generator=g).to(dtype)

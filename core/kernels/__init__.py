@@ -208,3 +208,35 @@ def bits(scale: Tensor | None) -> Tensor | None:
     dtype view per stretch and step (~4 µs each: 0.24 ms a 30-layer step of `quantized`).
     Scales of another dtype pass as they are, for the op to refuse by name."""
     return scale if scale is None or scale.dtype != torch.float32 else scale.view(torch.int32)
+
+
+# Switches: which path attention takes, read when a step is traced (caches/attention.py).
+# A compiled CPU step of at most this many query rows per KV head (decode: one token's group of
+# query heads) attends through reductions that Inductor fuses into the block's loops, instead
+# of the fused SDPA kernel or a matmul: one pass over the keys and one over the values, split
+# over the threads, with no per-call setup (docs/PERFORMANCE.md, section 6c).
+REDUCE_ROWS = 16
+# Split-K decode attention (flash-decoding) for a decode step (one token a row) that would go
+# to SDPA with a mask, by device type: the slots cut into chunks of this many, each with its
+# own max, sum and weighted values, then combined. SDPA's kernels that take a mask split the
+# work only by row, head and block of queries; on an H100 the split decodes Llama-3-8B's shapes
+# at 74% of the bandwidth against SDPA's 67% at 1k, 69.5% against 47% at 4k
+# (docs/PERFORMANCE.md, sections 7d, 7e). The CPU's
+# compiled step reads through reductions instead (REDUCE_ROWS). Read when a step is traced.
+SPLIT_SLOTS = {"cuda": 256}
+# A CPU without oneDNN's bfloat16 kernels (AVX2 only: no AVX-512 BF16 or AVX-NE-CONVERT) runs a
+# bfloat16 matmul through ATen's fallback, 20-35x slower than float32 for attention's shapes
+# (docs/PERFORMANCE.md, section 6i): there the explicit softmax reads its values in float32.
+CPU_BF16_MATMUL = torch.backends.mkldnn.is_available() and \
+    torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def reduces(q: Tensor, int8: bool) -> bool:
+    """Whether attention reads a stretch as a reduction (compiled only): few-row steps, on any
+    device for int8 (no float32 copy of the codes), on the CPU otherwise. A prompt chunk's
+    many rows read int8 through one copy a chunk (widened for SDPA, or the codes as floats for
+    matmuls), where a reduction (or the decode kernels) would read and widen every code once
+    per row, 384 of them in a 128-token chunk (a 4k prompt of `quantized`: 33 s, PERFORMANCE
+    6zg)."""
+    return torch.compiler.is_compiling() and q.shape[-2] <= REDUCE_ROWS and (
+        int8 or q.device.type == "cpu")
