@@ -19,7 +19,7 @@ from quantize.kv import codes, widen
 def contiguous_scale(scale: Tensor) -> Tensor:
     """An INT8 stretch's scales [B, Hkv, S, 1], stored on their own for a prompt chunk's
     [rows x slots] product on the CPU: read in place, the last word of each INT8 row, Inductor
-    scales the product one element at a time (0.8 s of a bfloat16 4k prompt, PERFORMANCE 6zg)."""
+    scales the product one element at a time (0.8 s of a bfloat16 4k prompt)."""
     return stored(scale) if scale.device.type == "cpu" else scale
 
 
@@ -45,8 +45,8 @@ class KVSegment(NamedTuple):
                     # From a bfloat16 query Inductor vectorizes the keys' loop 16 lanes wide,
                     # and views float words (AVX2) as int32 there one lane at a time, through
                     # the stack; a stored float32 query keeps the loop 8 float lanes wide
-                    # (PERFORMANCE 6v). Over int32 words (AVX-512) the copy's 30 calls a step
-                    # cost 3% (6zd).
+                    # Over int32 words (AVX-512) the copy's 30 calls a step
+                    # cost 3%.
                     qf = stored(qf)
                 qw = qf.unflatten(-1, (4, -1))  # [.., M, 4, D/4]
                 # The scale inside the sum: its result is the scores' own slice of the cat
@@ -143,7 +143,7 @@ def split_attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, chunk: int) -> T
 def attend_in_parts(qg: Tensor, segments: list, mask: Tensor, scale: float) -> Tensor:
     """softmax(q.k * scale, masked) @ v over all the segments, by the fused CPU kernel over each
     on its own, merged by their log-sum-exps: no copy that joins them (a prompt chunk of
-    `quantized` over its fast slots and its widened INT8 middle: PERFORMANCE 6zv). qg [B, Hkv,
+    `quantized` over its fast slots and its widened INT8 middle). qg [B, Hkv,
     M, D] (a KV head's queries folded), segments in qg's dtype, mask [B, Hkv|1, T, S] (M = G *
     T) -> [B, Hkv, M, D] in qg's dtype. A later segment is masked by the first query's row,
     broadcast over the rows (KVView: every query sees the same of its slots)."""
@@ -197,7 +197,7 @@ def attend(view: KVView, need_probs: bool = False) -> tuple[Tensor, Optional[Ten
         # the model dtype once a chunk, then the fused kernel, as for a float cache (on the CPU
         # over each stretch on its own; elsewhere over one copy of them all). Read by matmuls
         # with the probabilities materialized, a 4k prompt of `quantized` took 7x `full`'s
-        # time (PERFORMANCE 6zh).
+        # time.
         wide = [seg.widened(q.dtype) for seg in segments]
         if q.device.type == "cpu":
             y = attend_in_parts(qg, wide, mask, 1 / math.sqrt(D))

@@ -167,7 +167,7 @@ class KVCache(nn.Module):
         each read a different piece (Transformer.read_by_layer): one for a cache that keeps
         every token, whose chunk attends over the slots in use (RegionCache.live_slots): in a
         stack the rows of an earlier piece would attend over as many as the latest's (a 4k
-        prompt of `quantized`: half again the attention, PERFORMANCE 6zl)."""
+        prompt of `quantized`: half again the attention)."""
         return 1 if self.keeps_every_token else self.stack_limit
 
     def alike(self) -> tuple:

@@ -287,13 +287,13 @@ class RegionCache(KVCache):
         pos = pos if used is None else pos.narrow(2, 0, self.n_fast + used)
         # Compared as int32, the positions' dtype: against int64 positions Inductor's CPU loop
         # widens every slot's position to int64 lanes through the stack (a 4k prompt of
-        # `quantized`: 3 s in the masks of its chunks, PERFORMANCE 6zk).
+        # `quantized`: 3 s in the masks of its chunks).
         now = input_pos.view(B, 1, T, 1).to(pos.dtype)
         held = pos.unsqueeze(-2)  # [B, H|1, 1, S] each slot's position
         if T > 1:
             # A prompt chunk's slot is seen where min(pos, now - pos) >= 0 (no overflow: now <
             # 2**31 - 1), one comparison: two joined by & left the chunk's softmax over them a
-            # third slower on AVX-512 (machine C), level on AVX2 (PERFORMANCE 6zx). A decode
+            # third slower on AVX-512 (machine C), level on AVX2. A decode
             # step keeps the two, where the one read no faster.
             mask = torch.minimum(held, now - held) >= 0
         else:
@@ -725,7 +725,7 @@ def smallest(key: Tensor, k: int) -> Tensor:
     """Indices of the k smallest of key (distinct integers) along the last axis, ascending:
     what a stable argsort's first k would be. topk, not a sort: Inductor turns a sort of up to
     512 entries into one Triton kernel, and on a GPU a kernel of the bulk pass compiled for
-    over 25 s (PERFORMANCE 7c); topk stays ATen's."""
+    over 25 s; topk stays ATen's."""
     return key.topk(k, dim=-1, largest=False).indices
 
 
@@ -749,7 +749,7 @@ def first_index(mask: Tensor) -> Tensor:
     argmax of the mask gives; first_true(mask, 1) by a topk, an ATen call outside the step's
     fused loops), as int64. A min over int32 slot numbers: Inductor's CPU loop for an argmin
     or argmax carries int64 indices through generic vector code on AVX2, and over
-    `quantized`'s 4k-slot middle a decode step's three took ~2 ms (PERFORMANCE 6zl)."""
+    `quantized`'s 4k-slot middle a decode step's three took ~2 ms."""
     n = mask.shape[-1]
     slot = torch.arange(n, device=mask.device, dtype=torch.int32)
     return (torch.where(mask, slot, n).amin(dim=-1) % n).long()

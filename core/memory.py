@@ -51,7 +51,7 @@ def check_fits(estimate: int, what: str, device: torch.device, fix: str) -> None
 # mmap, and munmaps it when freed: every step that makes such a temporary faults its pages in
 # again. A prompt chunk's attention over a 4k-slot cache makes several ([layers stacked, KV
 # heads, 384 rows, 4,107 slots] float32 is 38 MiB): `quantized`'s first token at 4k took 20 s
-# with them faulted and 10 s without, `full`'s 1.49 s against 1.24 (docs/PERFORMANCE.md, 6zg).
+# with them faulted and 10 s without, `full`'s 1.49 s against 1.24.
 KEEP_BYTES = 2**30
 
 
@@ -78,7 +78,7 @@ def keep_freed_buffers() -> bool:
 # A decode step streams every weight once from DRAM. In 4 KiB pages a 269 MB bfloat16 model is
 # 66k pages, each a TLB miss that (in a VM) walks two page tables, and the hardware prefetcher
 # stops at every page's end; in 2 MiB pages a step's bfloat16 GEMVs read 8-10% faster on
-# machine D (docs/PERFORMANCE.md, section 6zm). PyTorch's allocator asks for such pages only under
+# machine D. PyTorch's allocator asks for such pages only under
 # THP_MEM_ALLOC_ENABLE=1 and only for blocks of 2 MiB or more: a layer's weight is smaller.
 ALIGN = 64  # a cache line: each tensor starts on one
 

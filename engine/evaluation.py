@@ -1,4 +1,4 @@
-"""Streaming perplexity (DESIGN-NOTES section 4), one stream or a batch of them.
+"""Streaming perplexity (its protocol: docs/DESIGN.md, Evaluation), one stream or a batch of them.
 
 The text streams through the decode step one token at a time, exactly as generation sees it:
 token t is scored from the logits of step t - 1, before it enters the cache. With `full` this

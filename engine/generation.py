@@ -69,7 +69,6 @@ def run_step(model: Transformer, idx: Tensor, input_pos: Tensor, caches) -> Tens
 # with its weights baked in traces its blocks inline (a nested region's weights are its inputs,
 # which that step must hold as constants), but the cache's step holds no weights, and traced
 # inline in all 30 blocks it took most of that compile: `weightedkv` 127 s, 25 s this way
-# (docs/PERFORMANCE.md, section 6zc).
 _THROUGH = torch.compiler.nested_compile_region(through_cache)
 
 
@@ -94,12 +93,12 @@ _COMPRESS = {}  # backend -> RegionCache's compression steps compiled with it (s
 # Inductor's options for the compiled steps (backend "inductor"). Its wrapper checks every
 # input's sizes and strides before the kernels run: 320 checks a step in the CPU step graph
 # (0.4-0.9 ms). Dynamo's guards have already checked the graph's inputs, and a nested block
-# region's inputs come from the graph itself (docs/PERFORMANCE.md, section 6f).
+# region's inputs come from the graph itself.
 COMPRESS_OPTIONS = {"size_asserts": False}
 # The CPU step graph goes without reorder_for_locality too: the pass sinks the attention's read
 # of V (its product feeds only the output projection) below the cache's commit, which writes V
 # again; a buffer read after a write cannot be updated in place, so the step copied all of V
-# once a block. Without the pass every cache write stays in place (PERFORMANCE.md, section 6e).
+# once a block. Without the pass every cache write stays in place.
 STEP_OPTIONS = {**COMPRESS_OPTIONS, "reorder_for_locality": False}
 
 
@@ -183,8 +182,8 @@ def baked_step(model: Transformer) -> Callable:
 
 def release_freed_heap() -> bool:
     """Return to the system the heap that freed memory left in the process: glibc keeps it,
-    ~420 MiB after a baked step's compile on the default model, which stays resident otherwise
-    (docs/PERFORMANCE.md, section 6zc). False where the C library has no malloc_trim."""
+    ~420 MiB after a baked step's compile on the default model, which stays resident
+    otherwise. False where the C library has no malloc_trim."""
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):

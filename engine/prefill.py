@@ -22,7 +22,7 @@ from model import Transformer, block_input, block_output, run_head
 MIN_PREFILL_BUCKET = 16
 # The most prompt rows a layer reads at once in a wavefront (read_by_layer,
 # layer_piece): PREFILL_PIECE where its cache compresses chunk by chunk in one pass (on an AMX
-# CPU a GEMM of 1,024 rows pays per call what one of 4,096 does not, PERFORMANCE 6y),
+# CPU a GEMM of 1,024 rows pays per call what one of 4,096 does not),
 # WAVE_PIECE where it takes token steps; BY_LAYER off: chunk by chunk through every layer.
 PREFILL_PIECE = 4096
 WAVE_PIECE = 256
@@ -62,7 +62,7 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
         T_in = T
         if compiled and int(start.max()) > 0:
             # A later piece attends over the whole static buffer under a mask, which a graph
-            # pads to its bucket: slower than eager (PERFORMANCE 6m). A fresh prompt, causal
+            # pads to its bucket: slower than eager. A fresh prompt, causal
             # over its own slots, is where the graph wins.
             compiled, prefill_fn = False, prefill
         if compiled:
@@ -116,11 +116,11 @@ def layer_piece(caches, chunk: int, rows: int, n_layer: int) -> Optional[int]:
     chunks) are read layer by layer as a wavefront (read_by_layer), or None: chunk
     by chunk through every layer. One-pass caches take half the prompt, at most PREFILL_PIECE
     rows: two layers at work from the second wave on halve the chunk steps' calls, and pieces
-    of thousands of rows keep the linears' GEMMs large (docs/PERFORMANCE.md, section 6za).
+    of thousands of rows keep the linears' GEMMs large.
     Token-step caches, whose filling and draining add (n_layer - 1) pieces of token steps,
     each a call (the layers at work share it): pieces of up to WAVE_PIECE rows and no more than
     2 rows / (n_layer - 1), so that they at most triple the prompt's own; under two chunks the
-    wavefront does not pay, and the chunks go in order (section 6s)."""
+    wavefront does not pay, and the chunks go in order."""
     if rows <= chunk:
         return None
     if not any(c.takes_token_steps(chunk) for c in caches):
@@ -154,13 +154,13 @@ def read_by_layer(model: Transformer, idx: Tensor, input_pos: Tensor, caches, ch
     engine.generation.compile_prompt); `parts` are a block's before and after its cache
     (block_input, block_output, or them compiled). A layer reads only its own cache, so
     this is forward called chunk by chunk, up to the GEMMs' rounding, with every weight
-    read once a piece instead of once a chunk (docs/PERFORMANCE.md, sections 6o, 6y).
+    read once a piece instead of once a chunk.
 
     The pieces go as a wavefront: layer l reads piece p at wave p + l, once layer l - 1 has
     read it. In a wave the layers at work take their chunks in step, as one stack of caches
     where they are alike, each layer's rows at their own positions: a chunk's step and the
     token steps it leaves (RegionCache.commit) are then one call for all of them, as
-    chunk by chunk every layer's token steps settle at once (section 6s)."""
+    chunk by chunk every layer's token steps settle at once."""
     if input_pos.dim() == 1:
         input_pos = input_pos.view(1, -1).expand(idx.shape[0], -1)
     T = idx.shape[1]

@@ -20,7 +20,7 @@ Inside a compiled decode step, 150 small oneDNN calls a token each pay a fixed s
 and oneDNN streams short rows at 14-20 GB/s. A compiled step of one or two rows reads a plain
 copy of each block linear's weight instead (a tied head: the embedding table itself) through
 the engine's own GEMV kernel (`kernels.gemv`: a band of rows a thread, prefetched; 23-31 GB/s
-on machine C), float32 and bfloat16 alike (docs/PERFORMANCE.md, section 6zd). Where the kernels
+on machine C), float32 and bfloat16 alike. Where the kernels
 do not build, the plain weight is read as a reduction (y = (W * x).sum(-1)) that Inductor
 generates, fuses into the block's graph and splits over the threads, at 21-25 GB/s (section
 6b); on a CPU with AMX, where oneDNN's bfloat16 kernel streams faster than that reduction
@@ -34,7 +34,7 @@ plain weight alone: its compiled few-row steps take the same kernel (or reductio
 rows or more (prompt chunks) a float32 GEMM over the weight widened for the call, and the rest
 F.linear.
 ATen's own bfloat16 GEMM is 2.6-4.1x slower there at 32 rows and 4.4x at 1,024, while
-widening costs more than it saves below 8 rows (docs/PERFORMANCE.md, section 6i).
+widening costs more than it saves below 8 rows.
 """
 from __future__ import annotations
 
@@ -88,7 +88,6 @@ def streamed(x: Tensor) -> bool:
 
 # The engine's own ops, defined on the dispatcher directly: a compiled step calls them from its
 # wrapper in a few us, where torch.library.custom_op's Python layers took ~8-16
-# (docs/PERFORMANCE.md, sections 6q, 6y).
 _LIB = torch.library.Library("regionkv", "DEF")
 
 # regionkv::packed_linear(x, weight, out_features): x @ W^T with W in oneDNN's layout, opaque to
@@ -172,7 +171,7 @@ class PackedLinear(nn.Module):
 # regionkv::exact_matmul(a, b): a.float() @ b.float() for bfloat16 a, b [..., M, K], [..., K, N]:
 # float32 products and sums, which oneDNN computes from the bfloat16 values themselves when
 # allowed to (its bf16 math mode, exact here: the inputs are bfloat16 already). On a CPU with AMX
-# that takes attention's scores over a prompt chunk 2.4x faster than float32 (PERFORMANCE 6z).
+# that takes attention's scores over a prompt chunk 2.4x faster than float32.
 # The mode is global: set for the call only.
 def _exact_matmul(a: Tensor, b: Tensor) -> Tensor:
     mode = torch.backends.mkldnn.matmul.fp32_precision
@@ -204,7 +203,7 @@ def exact_matmul(a: Tensor, b: Tensor) -> Tensor:
     return a.float() @ b.float()
 
 
-# regionkv::stored(x): a copy that Inductor cannot inline (below); 61 calls a step (6q).
+# regionkv::stored(x): a copy that Inductor cannot inline (below); 61 calls a step.
 _LIB.define("stored(Tensor x) -> Tensor")
 _LIB.impl("stored", lambda x: x.clone(), "CPU")  # only CPU steps store norms
 torch.library.register_fake("regionkv::stored", lambda x: torch.empty_like(x), lib=_LIB)
@@ -220,7 +219,6 @@ def _store_streamed_input(norm: nn.Module, args, out: Tensor) -> Tensor:
     # widens the activation and the norm weight again (3 bfloat16 loads and conversions for
     # 1); an opaque copy makes it store the row once. It pays where the cores bound the step
     # (machine A, bfloat16: 6-10% a step), not where the copy's call (61 a step) costs more
-    # (docs/PERFORMANCE.md, sections 6n, 6q).
     if STORE_NORMS and streamed(out) and not kernels.serve_linears():  # a kernel stores it
         return stored(out)
     return out
@@ -290,8 +288,8 @@ def baking_backend(model: nn.Module, options: dict) -> Callable:
     which other code writes between steps. Over a constant weight Inductor's C++ GEMM template
     applies (max_autotune), a kernel generated into the graph for each linear's shape, with no
     call of its own and its weight packed once at compile time: on an AMX CPU it streams
-    bfloat16 weights at about 25 GB/s where oneDNN's 151 calls a step pay 16 µs each
-    (docs/PERFORMANCE.md, section 6zb). The graph holds its own packed copy of the weights:
+    bfloat16 weights at about 25 GB/s where oneDNN's 151 calls a step pay 16 µs each. The graph
+    holds its own packed copy of the weights:
     they must not change after it compiles (a new model gets its own backend and graph).
     `backend.baked` counts the inputs the last graph baked in, `backend.graphs` the graphs."""
     from torch._inductor.compile_fx import compile_fx

@@ -12,10 +12,10 @@ Why words, and which dtype holds them (bit patterns, never numbers): the compile
 loops read the words as vectors, and the widths differ. On an AVX2 CPU (8 lanes) at::vec loads
 a vector of int8 or int32 by way of a buffer on the stack, and only a vector of floats whole,
 while a same-width view of floats as int32 costs nothing inside the loop: the words live in
-float32 tensors there (docs/PERFORMANCE.md, sections 6u and 6v). On an AVX-512 CPU (16 lanes)
+float32 tensors there. On an AVX-512 CPU (16 lanes)
 it is the other way round: int32 loads are whole (masked), and Inductor's view of 16 float lanes
 as int32 goes one lane at a time through the stack, 4x slower for the scores' loop: the words
-live in int32 tensors there (section 6x). `WORD` is chosen once, by the kernels ATen runs
+live in int32 tensors there. `WORD` is chosen once, by the kernels ATen runs
 (`ATEN_CPU_CAPABILITY` included), which Inductor's vector width follows. Saved sessions hold
 the rows as int32 either way (`RegionCache.state`). Copies, gathers, scatters and `torch.where`
 move the bits unchanged. Attention consumes (words, scale) directly (model.KVSegment); only
@@ -85,7 +85,7 @@ def widen(words: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> T
     """words [..., D/4] and their scales [..., 1] -> the values [..., D] in dtype: each byte
     plane by constant shifts, scaled, side by side. Inductor vectorizes that and writes each
     plane straight to its place, where `codes`' shift by a computed amount leaves the loop
-    scalar (a copy of a 4k middle's K: 0.75 -> 0.08 ms, docs/PERFORMANCE.md section 6zh)."""
+    scalar (a copy of a 4k middle's K: 0.75 -> 0.08 ms)."""
     w = words.view(torch.int32)
     planes = [(w << s) >> 24 for s in (24, 16, 8)] + [w >> 24]
     return torch.cat([(p.float() * scale).to(dtype) for p in planes], dim=-1)
@@ -101,8 +101,8 @@ def dequantize_few(rows: Tensor) -> Tensor:
     pointwise expression over the row reshaped (`codes`): for a compiled step's read of a few
     rows (a merge's victim and neighbour, the keys entering the middle, as it holds them, for
     a key statistic), where `widen`'s cat of four planes is a buffer and a view of it per
-    plane, each a call of the step's Python wrapper, in every layer (docs/PERFORMANCE.md,
-    6zy). Its computed shifts leave a long copy's loop scalar, so whole stretches go through
+    plane, each a call of the step's Python wrapper, in every layer. Its computed shifts leave a
+    long copy's loop scalar, so whole stretches go through
     `widen`."""
     words, scale = split_words(rows)
     return (codes(words) * scale.unsqueeze(-1)).flatten(-2)

@@ -9,7 +9,7 @@ its compression interval (docs/DESIGN.md; default 1), and `+int8`, an INT8 middl
 (--kv_middle int8): `weightedkv+int8`, `weightedkv:8+int8`.
 
 `bench.py` measures one row after another, minutes apart, and this VM's bandwidth drifts
-between them by more than a policy's bookkeeping costs (docs/PERFORMANCE.md, section 6b). Here
+between them by more than a policy's bookkeeping costs. Here
 every policy's session reads the same CONTEXT-token prompt (bulk prompt compression, budget 256,
 compiled, 2 threads, float32 unless DTYPE says; each session warmed up first, so every variant
 of its compiled step is compiled before timing), then the sessions take turns: 5 rounds of 24

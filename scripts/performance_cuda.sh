@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA measurements behind docs/PERFORMANCE.md section 7, one JSON file each (bfloat16,
+# The CUDA measurements behind docs/PERFORMANCE.md's GPU tables, one JSON file each (bfloat16,
 # batch 1, CUDA-graph decode). PART: default (the default model, against transformers),
 # policies (one file per policy at 1k and 4k, or the slice that POLICIES and CONTEXTS name;
 # prompts compress in bulk, since token by token takes 30,000 uncaptured calls for a 1k prompt
@@ -10,9 +10,9 @@
 # 600), and a failing row is logged and the next one runs. MODEL=CKPT measures CKPT instead of
 # the default model: on a GPU machine without it, a random checkpoint of its shapes
 # (`scripts/random_checkpoint.py CONFIG_DIR CKPT --like CONFIG_DIR`, where CONFIG_DIR holds its
-# config.json and tokenizer.json; section 7b). LIKE=CKPT takes the random 8B model's tokenizer
+# config.json and tokenizer.json). LIKE=CKPT takes the random 8B model's tokenizer
 # from CKPT. PROMPTS=compiled reads the policies' prompts in the default exact order instead of
-# in bulk, each chunk a compiled graph with its token steps after it (--compile_prefill, 6l).
+# in bulk, each chunk a compiled graph with its token steps after it (--compile_prefill).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs/perf/cuda}
@@ -34,7 +34,7 @@ if [ "$part" = default ] || [ "$part" = all ]; then
   run cuda-default "${model[@]}" --contexts 256,1024,4096 --new_tokens 64 --compile both --peer transformers
 fi
 if [ "$part" = policies ] || [ "$part" = all ]; then
-  # On an H100 a row compiles for about a minute from cold (section 7c), and bench.py adds a
+  # On an H100 a row compiles for about a minute from cold, and bench.py adds a
   # streaming row to every policy's process as its baseline. full and streaming go first, so
   # the later processes find streaming's kernels in Inductor's on-disk caches. A lease fits a
   # slice of the table: POLICIES and CONTEXTS choose it (policies joined by commas share one
@@ -51,7 +51,7 @@ if [ "$part" = policies ] || [ "$part" = all ]; then
     done
   done
 fi
-if [ "$part" = attention ]; then  # decode attention four ways (section 7c), then the 8B's step
+if [ "$part" = attention ]; then  # decode attention four ways, then the 8B's step
   random_8b
   contexts=${CONTEXTS:-1024 4096}
   timeout "$limit" python scripts/attention_probe.py --device cuda --model $ckpt --contexts "${contexts// /,}" \

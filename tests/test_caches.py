@@ -1054,7 +1054,7 @@ def ops_seen(fn) -> set:
 @pytest.mark.parametrize("mode", ["bulk", "snapkv"])
 def test_prompt_compression_sorts_nothing(mode):
     """A GPU compiler builds a sort of up to 512 entries as one Triton kernel, and the bulk
-    pass's sorts took tens of seconds to compile on an H100 (PERFORMANCE 7c): a bulk pass and a
+    pass's sorts took tens of seconds to compile on an H100: a bulk pass and a
     one-shot prompt pick their slots by topk. The ops of whole generations, every policy (one
     shot into a cache that keeps every token, and has room for it, chooses nothing)."""
     model = tiny_model()

@@ -548,7 +548,7 @@ def test_on_an_amx_cpu_compiled_bfloat16_steps_stay_on_onednn(dtype, monkeypatch
 
 
 def gemv_kernels() -> list:
-    """The kernels of kernels/decode.cpp this CPU runs: the portable one, and up to the best."""
+    """The kernels of core/kernels/decode.cpp this CPU runs: the portable one, and up to the best."""
     assert kernels.available(), "the decode kernels build on every x86 machine of the pool"
     return list(range(kernels.KERNEL + 1))
 
@@ -630,7 +630,7 @@ def test_compiled_few_row_steps_call_the_gemv_kernel(dtype, onednn, monkeypatch)
 
 
 def test_without_a_build_of_the_kernels_compiled_steps_read_reductions(monkeypatch):
-    """A machine that cannot build kernels/decode.cpp (no compiler, no ninja) warns once, in
+    """A machine that cannot build core/kernels/decode.cpp (no compiler, no ninja) warns once, in
     one line, and its compiled steps read the plain weights (and the caches) as reductions,
     as before the kernels; a trace that meets no build yet reads reductions too."""
     import torch.utils.cpp_extension as ext

@@ -251,7 +251,7 @@ def test_interactive_chat_in_a_terminal(default_checkpoint, tmp_path):
     starts over and /exit ends."""
     import pexpect
     # One thread, as the suite's workers run: two would wait on the core the other worker holds
-    # (305 s against 17 s beside a busy core, docs/PERFORMANCE.md section 8).
+    # (305 s against 17 s beside a busy core).
     env = dict(os.environ, OMP_NUM_THREADS="1", REGIONKV_HOME=os.environ.get("REGIONKV_HOME", ""))
     env = {k: v for k, v in env.items() if v != ""}
     child = pexpect.spawn(sys.executable, [str(ROOT / "generate.py"), "--interactive",

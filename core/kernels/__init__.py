@@ -13,8 +13,7 @@ fixed ~16 µs a call before it reads a byte and streams short rows at 14-20 GB/s
 reduction over a plain weight reads bfloat16 at ~20 GB/s. The GEMV streams a band of rows a
 thread with software prefetch, at 23-29 GB/s on machine C. Decode attention through Inductor's
 reductions reads each key once per query row and sums across vector lanes for every score; the
-attention kernels read each key and value once for the head's query rows
-(docs/PERFORMANCE.md, section 6zd).
+attention kernels read each key and value once for the head's query rows.
 
 They are C++ built by torch's extension loader on first use (~10-20 s, once per machine and
 source: torch caches the library), with the C++ compiler that Inductor needs anyway. Where they
@@ -71,7 +70,7 @@ FUSED = True
 # Attention takes the kernels over stretches (attend: views) of at least this many slots: below,
 # a call's fixed cost (~10 µs) outweighs the faster reads, and Inductor's reductions, fused into
 # the block's loops, are as fast (a 256-slot budget: 12.61 against 12.75 ms a step, with an INT8
-# middle 13.97 against 14.76; docs/PERFORMANCE.md, section 6zd).
+# middle 13.97 against 14.76).
 ATTEND_SLOTS = 512
 
 
@@ -214,19 +213,19 @@ def bits(scale: Tensor | None) -> Tensor | None:
 # A compiled CPU step of at most this many query rows per KV head (decode: one token's group of
 # query heads) attends through reductions that Inductor fuses into the block's loops, instead
 # of the fused SDPA kernel or a matmul: one pass over the keys and one over the values, split
-# over the threads, with no per-call setup (docs/PERFORMANCE.md, section 6c).
+# over the threads, with no per-call setup.
 REDUCE_ROWS = 16
 # Split-K decode attention (flash-decoding) for a decode step (one token a row) that would go
 # to SDPA with a mask, by device type: the slots cut into chunks of this many, each with its
 # own max, sum and weighted values, then combined. SDPA's kernels that take a mask split the
 # work only by row, head and block of queries; on an H100 the split decodes Llama-3-8B's shapes
 # at 74% of the bandwidth against SDPA's 67% at 1k, 69.5% against 47% at 4k
-# (docs/PERFORMANCE.md, sections 7d, 7e). The CPU's
+# The CPU's
 # compiled step reads through reductions instead (REDUCE_ROWS). Read when a step is traced.
 SPLIT_SLOTS = {"cuda": 256}
 # A CPU without oneDNN's bfloat16 kernels (AVX2 only: no AVX-512 BF16 or AVX-NE-CONVERT) runs a
 # bfloat16 matmul through ATen's fallback, 20-35x slower than float32 for attention's shapes
-# (docs/PERFORMANCE.md, section 6i): there the explicit softmax reads its values in float32.
+# there the explicit softmax reads its values in float32.
 CPU_BF16_MATMUL = torch.backends.mkldnn.is_available() and \
     torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
@@ -236,7 +235,6 @@ def reduces(q: Tensor, int8: bool) -> bool:
     device for int8 (no float32 copy of the codes), on the CPU otherwise. A prompt chunk's
     many rows read int8 through one copy a chunk (widened for SDPA, or the codes as floats for
     matmuls), where a reduction (or the decode kernels) would read and widen every code once
-    per row, 384 of them in a 128-token chunk (a 4k prompt of `quantized`: 33 s, PERFORMANCE
-    6zg)."""
+    per row, 384 of them in a 128-token chunk (a 4k prompt of `quantized`: 33 s)."""
     return torch.compiler.is_compiling() and q.shape[-2] <= REDUCE_ROWS and (
         int8 or q.device.type == "cpu")

@@ -1,5 +1,5 @@
 // The engine's own CPU kernels for a compiled decode step (kernels/__init__.py builds this file
-// once per machine; docs/PERFORMANCE.md, section 6zd):
+// once per machine):
 //   regionkv::gemv(x, w, isa)      y = x @ w^T for the one or two rows of a step's linears
 //   regionkv::scores(q, k, isa)    q . k for a few query rows over a stretch of cached keys
 //   regionkv::mix(p, v, isa)       p @ v: attention's weights over a stretch of cached values
@@ -68,10 +68,8 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
 
 // A weight is read once a step, and the model is many times the last-level cache: on a CPU
 // with AVX2 alone the AVX2 loops prefetch it non-temporally (NTA, `once`: into L1, not left in
-// L2 / L3 for other data to be evicted by), 7-10% faster than T0 on machine D (PERFORMANCE
-// 6zm). On AVX-512 CPUs, where float32 weights take the AVX2 loop too, T0: NTA there read a
-// step's float32 weights at 11 GB/s against 24-26 with T0 on machine E (Intel, PERFORMANCE
-// 6zp). One rule for the weights and attention's reads (read_once).
+// L2 / L3 for other data to be evicted by), 7-10% faster than T0 on machine D. On AVX-512 CPUs, where float32 weights take the AVX2 loop too, T0: NTA there read a
+// step's float32 weights at 11 GB/s against 24-26 with T0 on machine E (Intel). One rule for the weights and attention's reads (read_once).
 inline bool non_temporal(int64_t isa) { return isa == 1; }
 
 template <bool once>
@@ -117,7 +115,7 @@ void rows_avx2(const float* w, const float* x, float* y, int64_t N, int64_t K, i
 
 // AVX2, bfloat16 weights, one row at a time: a thread's band is one sequential stream (four
 // rows in flight are four streams, which machine D's memory serves 15-29% slower for
-// bfloat16's short rows: PERFORMANCE 6zo), a 64-byte line an iteration. 16 elements a load without
+// bfloat16's short rows), a 64-byte line an iteration. 16 elements a load without
 // shuffles: a 32-bit lane holds elements 2i (low half) and 2i+1 (high half), so masking gives
 // 2i+1 as a float and shifting gives 2i. x comes split into its even and odd elements, widened
 // once (xe, xo: [M, K/2]). Four chains a row of x: a line's two halves, even and odd.
@@ -205,8 +203,8 @@ void rows_avx512bf16(const bf16* w, const bf16* x, bf16* y, int64_t N, int64_t K
 
 // Whether the AVX-512 BF16 loop reads a row at a time. AMD's cores read a band fastest as one
 // stream: machine B (Zen 4) ran a step's bfloat16 GEMVs at 31-32 GB/s a row at a time against
-// 21-23 with four rows (PERFORMANCE 6zq), as machine D did its AVX2 loops (6zo). Intel's keep
-// four, what machine C met its targets with (6zd); on E the two were level or four ahead (6zp).
+// 21-23 with four rows, as machine D did its AVX2 loops. Intel's keep
+// four, what machine C met its targets with; on E the two were level or four ahead.
 inline bool one_stream() {
   static const bool amd = __builtin_cpu_is("amd");
   return amd;
@@ -552,8 +550,7 @@ REGIONKV_INLINE F lanes(const int8_t* p) {
 
 // scores four slots at a time: a score is a 16-lane sum, and reducing each one alone (9
 // instructions, a chain of 8) cost more than its products; four slots' sums of a row fold
-// into one vector, four rows' into one more, stored a row's four scores at a time (PERFORMANCE
-// 6zs). fold4: a row's sums over slots a-d -> 128-bit lane j, four partial sums of slot j.
+// into one vector, four rows' into one more, stored a row's four scores at a time. fold4: a row's sums over slots a-d -> 128-bit lane j, four partial sums of slot j.
 REGIONKV_INLINE __m512 fold4(__m512 a, __m512 b, __m512 c, __m512 d) {
   const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44),
                                   _mm512_shuffle_f32x4(a, b, 0xee));
@@ -774,7 +771,7 @@ inline int64_t blocks_of(int64_t S, int64_t n = kSlots) {
 // attend's blocks: the fewest of equal length, at most kAttendSlots slots, whose (b, h, block)
 // pieces split evenly over the threads. A block has costs of its own (weigh's pass over its
 // scores, its partial sums, their combination on one thread): with 128-slot blocks a 4k
-// stretch's call took 12-16% longer (PERFORMANCE 6zs).
+// stretch's call took 12-16% longer.
 constexpr int64_t kAttendSlots = 512;
 inline int64_t attend_slots(int64_t S, int64_t BH) {
   const int64_t T = at::get_num_threads(), fewest = blocks_of(S, kAttendSlots);
@@ -960,7 +957,7 @@ at::Tensor mix8(const at::Tensor& p, const at::Tensor& w, const at::Tensor& scal
 // blocks of each (b, h), of every stretch, combine as in flash-decoding: no [M, S] scores or
 // probabilities leave the call, and the mask, the scale and the exp are taken in the pass that
 // scored the block. A region cache's view is a short fast stretch in the model dtype and an
-// INT8 middle: one call for both costs what the middle's alone does (PERFORMANCE 6zt).
+// INT8 middle: one call for both costs what the middle's alone does.
 constexpr int64_t kMaxRows = 32;  // the rows a piece's score buffer holds (a step has <= 16)
 
 // Where a stretch's pieces go: its slots from column `col` of the mask, its blocks of `slots`
