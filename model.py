@@ -236,18 +236,6 @@ class Transformer(nn.Module):
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        # Set by engine.generation.compile_decode: in a compiled single-token step every block
-        # goes through one nested compiled region (`block_step`: compiled once, stamped out per
-        # layer). On CPU that step is `step_graph`, one graph a step; on CUDA the whole step,
-        # sampling included, is compiled around `forward`. Prompt chunks stay eager.
-        self.step_graph: Optional[Callable] = None
-        self.block_step: Optional[Callable] = None
-        # Set by engine.generation.compile_prompt: a layer's step through its cache over one
-        # prompt chunk (through_cache), compiled, for prompts read layer by layer; and the
-        # block's parts before and after its cache (block_input, block_output) over a piece
-        # of rows, compiled for any number of rows.
-        self.chunk_step: Optional[Callable] = None
-        self.piece_steps: Optional[tuple[Callable, Callable]] = None
 
     # Device and activation dtype come from the final norm: a quantized linear holds no float
     # weight to ask.
@@ -264,56 +252,18 @@ class Transformer(nn.Module):
         a = self.args
         return rope_table(max_len, a.head_dim, a.rope_base, a.rope_scaling).to(self.device)
 
-    def forward(self, idx: Tensor, input_pos: Tensor, caches, out_idx: Optional[Tensor] = None
-                ) -> Tensor:
+    def forward(self, idx: Tensor, input_pos: Tensor, caches, out_idx: Optional[Tensor] = None,
+                block: Optional[Callable] = None) -> Tensor:
         """idx [B, T] token ids at positions input_pos [B, T] (or [T], shared by the rows), with
         one cache per layer (the model owns none: a session does); logits [B, T, vocab] in
         float32. out_idx selects which of the T positions get logits (prefill needs the last).
-        """
+        block(layer, x, input_pos, cache), if given, runs each layer instead (the engine's
+        compiled region for one block, engine/steps.py)."""
         if input_pos.dim() == 1:
             input_pos = input_pos.view(1, -1).expand(idx.shape[0], -1)
-        if torch.compiler.is_compiling():
-            return self.run(idx, input_pos, caches, out_idx)
-        # Caches whose work falls on some positions only pick the step's variant on the host.
-        scheduled = [c for c in caches if c.scheduled]
-        if scheduled:
-            first, last = input_pos[:, 0].tolist(), input_pos[:, -1].tolist()  # one host read
-            for cache in scheduled:
-                cache.before_step(first, last)
-        try:
-            if idx.shape[1] == 1 and self.step_graph is not None:
-                # One position: out_idx is moot. Fresh strides: a slice of a longer id tensor
-                # would fail the graph's stride guards and compile it again.
-                idx = idx.clone(memory_format=torch.contiguous_format)
-                return self.step_graph(self, idx, input_pos, caches)
-            return self.run(idx, input_pos, caches, out_idx)
-        finally:
-            for cache in scheduled:
-                cache.after_step()
-
-    def run(self, idx: Tensor, input_pos: Tensor, caches, out_idx: Optional[Tensor] = None,
-            block: Optional[Callable] = None) -> Tensor:
-        """forward's work: idx [B, T] at input_pos [B, T] -> logits [B, T', vocab]. block, if
-        given, runs each block instead of block_step (a compiled step that inlines them)."""
         x = self.tok_embeddings(idx)
-        # The nested block region serves compiled graphs and the single-token step; eager
-        # prompt chunks call the blocks directly.
-        step = block or (self.block_step if idx.shape[1] == 1 or torch.compiler.is_compiling()
-                         else None)
-        # Eager: a cache may leave its compression for after the last layer (a layer reads
-        # only its own cache), so that caches alike compress together (`settle`).
-        waiting = [] if step is None else None
         for layer, cache in zip(self.layers, caches):
-            if step is not None:
-                x = step(layer, x, input_pos, cache)
-                continue
-            cache.waiting = waiting
-            try:
-                x = layer(x, input_pos, cache)
-            finally:
-                cache.waiting = None
-        if waiting:
-            waiting[0].settle(waiting, input_pos)
+            x = block(layer, x, input_pos, cache) if block else layer(x, input_pos, cache)
         if out_idx is not None:
             x = x[:, out_idx]
         return run_head(self.norm, self.output, x)

@@ -8,11 +8,11 @@ Each step, for one layer:
     cache.commit(input_pos, probs)                   # statistics and compression happen here
     cache.after_step()                               # host side, `scheduled` caches only
 
-An eager step may leave its compression for later: the model sets `cache.waiting` to a list, a
-cache that waits appends itself in `commit`, and after the last layer the model calls
-`waiting[0].settle(waiting, input_pos)`, which compresses every cache in the list (a layer's
-cache is read by that layer only, so waiting until every layer has attended changes nothing;
-caches alike then compress together, RegionCache.settle). A traced prompt chunk leaves it too,
+An eager step may leave its compression for later: the engine (engine/steps.py) sets
+`cache.waiting` to a list, a cache that waits appends itself in `commit`, and after the last
+layer the engine calls `waiting[0].settle(waiting, input_pos)`, which compresses every cache in
+the list (a layer's cache is read by that layer only, so waiting until every layer has attended
+changes nothing; caches alike then compress together, RegionCache.settle). A traced prompt chunk leaves it too,
 with no list: whoever calls the chunk's graph settles, after it, the caches whose
 `takes_token_steps(T)` holds.
 
@@ -120,7 +120,7 @@ class KVCache(nn.Module):
 
     def before_step(self, first: list, last: list) -> None:
         """Host side, before a step whose rows run from positions `first` to `last` (called
-        by Transformer.forward for `scheduled` caches): choose the step's work by position."""
+        by engine.steps.forward for `scheduled` caches): choose the step's work by position."""
 
     def after_step(self) -> None:
         """Host side, after the step: back to doing every position's work, which is what a

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from caches import build_caches
 from caches.base import KVCache
+from engine.steps import forward
 
 
 class LossProbe(KVCache):
@@ -108,7 +109,7 @@ def attention_loss(model, streams: list, factories: dict, max_seq_length: Option
     ids = torch.tensor(streams, device=model.device)
     t0 = time.perf_counter()
     for t in range(n):
-        model(ids[:, t:t + 1], torch.tensor([t], device=model.device), probes)
+        forward(model, ids[:, t:t + 1], torch.tensor([t], device=model.device), probes)
         if progress:
             progress(t + 1)
     seconds = time.perf_counter() - t0

@@ -42,6 +42,7 @@ from caches import CacheFactory, build_caches, make_cache_factory
 from caches.snapkv import compresses_whole
 from engine.generation import (check_prompt, compile_decode, compile_prompt, prefill,
                                prefill_chunk, read_prompt, row_view, warmup_positions)
+from engine.steps import forward, reset_steps
 
 DEFAULT_PREFILL_TOKENS = 512
 
@@ -154,7 +155,7 @@ class _Row:
 
 def decode_logits(model, caches, token: Tensor, input_pos: Tensor) -> Tensor:
     """token [B, 1] at input_pos [B, 1] -> logits [B, V] (sampling is per row, outside)."""
-    return model(token, input_pos, caches)[:, -1]
+    return forward(model, token, input_pos, caches)[:, -1]
 
 
 def row_state(view) -> dict:
@@ -194,7 +195,7 @@ class Batcher:
         self.chunk = prefill_chunk(self.caches)  # None: the full cache, any piece length
         self.prefill_tokens = max(prefill_tokens, self.chunk or 2)
         self.step = decode_logits
-        model.step_graph = model.block_step = model.chunk_step = model.piece_steps = None
+        reset_steps(model)
         if compile_backend is not None:
             self.step = compile_decode(decode_logits, model, compile_backend, self.caches, slots,
                                        bake_weights=bake_weights)

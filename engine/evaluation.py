@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from core.errors import UserError
+from engine.steps import forward
 from model import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,7 @@ CORPUS_NAMES = ("kjv", "wiki")  # what scripts/prepare_corpora.py writes (tested
 def score_step(model: Transformer, caches, token: Tensor, input_pos: Tensor, target: Tensor
                ) -> Tensor:
     """Feed token [B, 1] at input_pos [1]; return the NLL [B] of target [B] (the next token)."""
-    logits = model(token, input_pos, caches)[:, -1]
+    logits = forward(model, token, input_pos, caches)[:, -1]
     return -torch.log_softmax(logits, dim=-1).gather(-1, target.view(-1, 1)).view(-1)
 
 
@@ -153,7 +154,7 @@ def batched_full_perplexity(model: Transformer, caches, streams: list, chunk: in
     t0 = time.perf_counter()
     for s in range(0, n - 1, chunk):
         e = min(s + chunk, n - 1)
-        logits = model(ids[:, s:e], torch.arange(s, e, device=device), caches)
+        logits = forward(model, ids[:, s:e], torch.arange(s, e, device=device), caches)
         logp = torch.log_softmax(logits.float(), dim=-1)
         nlls[s:e] = -logp.gather(-1, ids[:, s + 1:e + 1, None])[..., 0].T
         if progress is not None:

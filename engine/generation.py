@@ -29,6 +29,7 @@ from core.errors import UserError
 from caches.attention import through_cache
 from core import kernels
 from engine.prefill import (prefill, prefill_chunk, read_prompt, settle_left)
+from engine.steps import forward, reset_steps, run, steps
 from model import Transformer, block_input, block_output
 from quantize.dense import STREAM_ROWS, baking, baking_backend, stream_compiled_decode
 
@@ -53,16 +54,12 @@ def sample(logits: Tensor, temperature: float, top_k: Optional[int]) -> Tensor:
 def decode_one_token(model: Transformer, caches, token: Tensor, input_pos: Tensor,
                      temperature: float, top_k: Optional[int]) -> Tensor:
     """token [B, 1] at input_pos [B, 1] -> the next token [B, 1]."""
-    logits = model(token, input_pos, caches)
+    logits = forward(model, token, input_pos, caches)
     return sample(logits[:, -1], temperature, top_k)
 
 
-def run_block(layer: torch.nn.Module, x: Tensor, input_pos: Tensor, cache) -> Tensor:
-    return layer(x, input_pos, cache)
-
-
 def run_step(model: Transformer, idx: Tensor, input_pos: Tensor, caches) -> Tensor:
-    return model.run(idx, input_pos, caches)
+    return run(model, idx, input_pos, caches)
 
 
 # A layer's step through its cache as one nested region, compiled once for every layer. A step
@@ -85,7 +82,7 @@ def run_inline_step(model: Transformer, idx: Tensor, input_pos: Tensor, caches,
                     block: Callable = run_baked_block) -> Tensor:
     """run_step with every block traced inline, for a step with its weights baked in; each
     block's step through its cache is one nested region (`through_region`)."""
-    return model.run(idx, input_pos, caches, block=block)
+    return run(model, idx, input_pos, caches, block=block)
 
 
 _COMPRESS = {}  # backend -> RegionCache's compression steps compiled with it (shared by every
@@ -132,7 +129,8 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
         kernels.available()  # built before a trace asks (a trace cannot build)
     if whole_step is None:
         whole_step = model.device.type == "cuda"
-    model.block_step = torch.compiler.nested_compile_region(run_block)
+    compiled = steps(model)
+    compiled.blocks = True
     inductor = backend == "inductor"
     if backend not in _COMPRESS:  # keyed by the backend itself: a test's counter stays alive
         _COMPRESS[backend] = [torch.compile(f, fullgraph=True, dynamic=False, backend=backend,
@@ -142,7 +140,7 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
         if isinstance(cache, RegionCache):
             cache.compiled_compress, cache.compiled_bulk = _COMPRESS[backend]
     if whole_step:
-        model.step_graph = None
+        compiled.graph = None
         if model.device.type != "cuda":  # a graph traced whole, as CUDA's, without CUDA graphs
             return torch.compile(fn, fullgraph=True, dynamic=False, backend=backend)
         # The caches are inputs of the graph, written in place: their buffers keep fixed
@@ -152,11 +150,11 @@ def compile_decode(fn: Callable, model: Transformer, backend="inductor", caches=
                 torch._dynamo.mark_static_address(buf)
         return torch.compile(fn, mode="reduce-overhead", fullgraph=True, backend=backend)
     if bake_weights and inductor:
-        model.step_graph = baked_step(model)
+        compiled.graph = baked_step(model)
         return fn
     if rows <= STREAM_ROWS:
         stream_compiled_decode(model)
-    model.step_graph = torch.compile(run_step, fullgraph=True, dynamic=False, backend=backend,
+    compiled.graph = torch.compile(run_step, fullgraph=True, dynamic=False, backend=backend,
                                      options=STEP_OPTIONS if inductor else None)
     return fn
 
@@ -207,19 +205,20 @@ def compile_prompt(model: Transformer, backend="inductor") -> Callable:
     length bucket of the full cache): its blocks run through one nested compiled region,
     compiled once instead of unrolled (minutes with compression in every block), and the token
     steps its caches leave out of the graph run after it (`settling`). Prompts that
-    `read_prompt` takes layer by layer go through `model.chunk_step`, set here: one layer's
-    step through its cache over a chunk, compiled once for every layer (the token steps it
-    leaves settle in Transformer.read_by_layer, with the other layers')."""
+    `read_prompt` takes layer by layer go through the model's `steps(model).chunk`, set here:
+    one layer's step through its cache over a chunk, compiled once for every layer (the token
+    steps it leaves settle in engine.prefill.read_by_layer, with the other layers')."""
     allow_many_graphs()
     if model.device.type == "cpu":
         kernels.available()  # built before a trace asks (a trace cannot build)
-    model.block_step = model.block_step or torch.compiler.nested_compile_region(run_block)
-    model.chunk_step = torch.compile(through_cache, fullgraph=True, dynamic=False,
+    compiled = steps(model)
+    compiled.blocks = True
+    compiled.chunk = torch.compile(through_cache, fullgraph=True, dynamic=False,
                                      backend=backend,
                                      options=COMPRESS_OPTIONS if backend == "inductor" else None)
     # A layer's norms, linears and MLP over a piece of rows: one graph for every layer and
     # every piece length (the warm-up's pieces are shorter than a long prompt's).
-    model.piece_steps = tuple(rows_dynamic(torch.compile(f, fullgraph=True, dynamic=False,
+    compiled.pieces = tuple(rows_dynamic(torch.compile(f, fullgraph=True, dynamic=False,
                                                          backend=backend))
                               for f in (block_input, block_output))
     return settling(torch.compile(prefill, fullgraph=True, dynamic=False, backend=backend))
@@ -348,7 +347,7 @@ class Session:
         self.compiled_prefill = compile_prefill
         self.decode_fn = decode_one_token
         self.prefill_fn = prefill
-        model.step_graph = model.block_step = model.chunk_step = model.piece_steps = None
+        reset_steps(model)
         if compile:
             self.decode_fn = compile_decode(decode_one_token, model, caches=self.caches,
                                             rows=batch_size, bake_weights=bake_weights)

@@ -17,6 +17,7 @@ from caches.full import FullCache
 from caches.region import RegionCache
 from caches.snapkv import PromptCapture, compresses_whole, keep_middle, keeps_all, needs_votes, \
     observation_votes
+from engine.steps import forward, steps
 from model import Transformer, block_input, block_output, run_head
 
 MIN_PREFILL_BUCKET = 16
@@ -29,7 +30,7 @@ WAVE_PIECE = 256
 BY_LAYER = True
 def prefill(model: Transformer, caches, tokens: Tensor, input_pos: Tensor, last: Tensor) -> Tensor:
     """tokens [B, T] at input_pos [B, T] -> the logits [B, V] at index `last` [1]."""
-    return model(tokens, input_pos, caches, out_idx=last)[:, -1]
+    return forward(model, tokens, input_pos, caches, out_idx=last)[:, -1]
 
 
 def settle_left(caches, input_pos: Tensor) -> None:
@@ -88,8 +89,8 @@ def read_prompt(model: Transformer, caches, tokens: Tensor, start: Tensor, max_s
         # Layer by layer, the whole prompt as one wavefront: each layer's linears read a
         # piece of rows at once instead of a chunk's (the same values), and the layers at
         # work on their pieces take their chunks as one stack.
-        through = model.chunk_step if compiled and model.chunk_step else through_cache
-        parts = model.piece_steps if compiled and model.piece_steps else \
+        through = steps(model).chunk if compiled and steps(model).chunk else through_cache
+        parts = steps(model).pieces if compiled and steps(model).pieces else \
             (block_input, block_output)
         logits = read_by_layer(model, tokens[:, :whole], start + torch.arange(whole, device=dev),
                                      caches, chunk, torch.tensor([whole - 1], device=dev),
@@ -275,13 +276,13 @@ def prefill_whole(model, caches, tokens: Tensor, compiled: bool = False,
     last = torch.tensor([T - 1], device=tokens.device)
     if by_graph:
         logits = through_graph(model, caches, passes, tokens, graph)
-    elif compiled and model.piece_steps:
+    elif compiled and steps(model).pieces:
         # Compiled prompts: each layer's linears and MLP through the compiled pieces (any
         # number of rows), its attention as eager chunks take it (causal over the prompt).
         logits = read_by_layer(model, tokens, pos, passes, T, last, piece=T,
-                                     parts=model.piece_steps)[:, -1]
+                                     parts=steps(model).pieces)[:, -1]
     else:
-        logits = model(tokens, pos, passes, out_idx=last)[:, -1]
+        logits = forward(model, tokens, pos, passes, out_idx=last)[:, -1]
     for p, c in zip(passes, caches):
         if p is c:
             continue

@@ -19,6 +19,7 @@ from caches.weightedkv import WeightedKVCache
 from conftest import tiny_model
 from core.errors import UserError
 from engine.generation import Generator, Session, compile_decode, decode_one_token
+from engine.steps import steps
 from engine.prefill import read_by_layer
 from caches.attention import KVView
 from model import rope_table
@@ -1281,7 +1282,7 @@ def test_read_prompt_reads_layer_by_layer_as_a_wavefront(name, kw, piece, monkey
 
 @pytest.mark.parametrize("name", ["weightedkv", "streaming"])
 def test_a_compiled_chunk_step_reads_as_the_eager_one(name):
-    """compile_prompt's chunk step (model.chunk_step) and compile_decode's token step: read
+    """compile_prompt's chunk step (steps(model).chunk) and compile_decode's token step: read
     through them as a wavefront (four layers, pieces of one chunk: one to four layers at work,
     stacked), a prompt gives the eager whole-prompt read's logits and caches, and each
     compiles two graphs, a cache alone and a stack of any height (none for each height)."""
@@ -1297,7 +1298,7 @@ def test_a_compiled_chunk_step_reads_as_the_eager_one(name):
     last = torch.tensor([47])
     with torch.inference_mode():
         want = read_by_layer(model, ids, torch.arange(48), eager, 8, last)
-        got = read_by_layer(model, ids, torch.arange(48), compiled, 8, last, model.chunk_step, 8)
+        got = read_by_layer(model, ids, torch.arange(48), compiled, 8, last, steps(model).chunk, 8)
     assert torch.allclose(got, want, atol=1e-5)
     assert_same_caches(eager, compiled)
     token_steps = compiled[0].takes_token_steps(8)

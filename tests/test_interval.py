@@ -8,6 +8,7 @@ from caches import POLICIES, build_caches, make_cache_factory
 from conftest import tiny_model
 from core.errors import UserError
 from engine.generation import Generator, Session, compile_decode, decode_one_token
+from engine.steps import reset_steps
 
 COMPRESSING = [p for p in POLICIES if p != "full"]
 BUDGET, CHUNK = 16, 8
@@ -66,7 +67,7 @@ def test_compiled_step_matches_eager_with_two_graph_variants(name):
     assert gen.generate(prompt[:-3], 30).new_ids[0] == eager.generate(prompt[:-3], 30).new_ids[0]
     assert counter.frame_count == frames
     # two rows of different lengths: each row's tokens are those of the row alone
-    model.step_graph = model.block_step = None
+    reset_steps(model)
     rows = [prompt, prompt[5:]]
     both = Session(model, f, max_seq_length=256, batch_size=2)
     both.append(rows)

@@ -11,6 +11,7 @@ from caches import (BUDGET_LEVELS, BUDGET_PATTERNS, LAYER_PATTERNS, POLICIES, La
 from conftest import DATA, run_cli, tiny_model, write_tiny_checkpoint
 from core.errors import UserError
 from engine.generation import Generator, Session, compile_decode, decode_one_token
+from engine.steps import steps
 
 KJV = DATA / "kjv_genesis_1_2.txt"  # checked in: CI has no prepared corpora
 
@@ -186,9 +187,9 @@ def test_compiled_prompts_read_layer_by_layer_compile_one_chunk_step(policy, opt
     expected = Generator(model, 128, make_cache=factory).generate(prompt, 12).new_ids[0]
     counter = CompileCounter()
     gen = Generator(model, 128, make_cache=factory, compile_prefill=True)
-    model.chunk_step = torch.compile(through_cache, backend=counter, fullgraph=True,
-                                     dynamic=False)
-    model.piece_steps = tuple(G.rows_dynamic(torch.compile(f, backend=counter, fullgraph=True,
+    steps(model).chunk = torch.compile(through_cache, backend=counter, fullgraph=True,
+                                       dynamic=False)
+    steps(model).pieces = tuple(G.rows_dynamic(torch.compile(f, backend=counter, fullgraph=True,
                                                            dynamic=False))
                               for f in (block_input, block_output))
     chunk_graph = []

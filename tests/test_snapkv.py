@@ -10,6 +10,7 @@ from caches.snapkv import keep_middle, observation_votes
 from conftest import tiny_model
 from core.errors import UserError
 from engine.generation import Generator, Session, compile_decode, decode_one_token
+from engine.steps import steps
 from quantize.kv import dequantize_words
 
 COMPRESSING = [n for n in POLICIES if not POLICIES[n].keeps_every_token]
@@ -189,8 +190,8 @@ def test_a_one_shot_prompt_with_compiled_prompts_reads_through_the_compiled_piec
     counter = CompileCounter()
     s.prefill_fn, s.compiled_prefill = compile_prompt(model, backend=counter), True
     s.warmup()
-    frames, calls, pieces = counter.frame_count, [], model.piece_steps
-    model.piece_steps = tuple((lambda f: lambda *a: calls.append(1) or f(*a))(f) for f in pieces)
+    frames, calls, pieces = counter.frame_count, [], steps(model).pieces
+    steps(model).pieces = tuple((lambda f: lambda *a: calls.append(1) or f(*a))(f) for f in pieces)
     s.append(PROMPT)
     assert counter.frame_count == frames and len(calls) == 2 * model.args.n_layer
     torch.testing.assert_close(s.logits, eager.logits, rtol=1e-4, atol=1e-4)
