@@ -4,9 +4,9 @@ For a checkpoint, dtype and one or more cache policies, at several contexts (tok
 the cache when decoding is timed), eager and/or compiled: decode tokens/s (median of --repeats),
 prefill tokens/s, time to first token, compile time, peak memory, cache bytes, bytes read per
 decode token (weights + the K/V attention reads) and the bandwidth that implies, as a fraction of
-the machine's own streaming-read bandwidth (probed before and after the engine's rows; the
-higher of the two: a shared machine's bandwidth moves, and a fast phase that starts after the
-first probe would otherwise push fractions past 100%). `--peer transformers` runs
+the machine's own streaming-read bandwidth (the median of BANDWIDTH_PROBES probes, some before
+the engine's rows and some after, with their spread: a shared machine's bandwidth moves, and
+one probe taken in a slow or a fast phase would put every fraction off by that phase). `--peer transformers` runs
 the same weights, prompt ids, dtype and token count through `transformers` in the same process;
 `--peer llama.cpp` writes the same weights to a GGUF (F32, F16 or BF16 as the run's dtype; Q8_0
 for an INT8 checkpoint) and runs it through llama-cpp-python on the same threads.
@@ -182,11 +182,26 @@ def last_level_cache_bytes() -> int:
     return best or 32 * 2**20
 
 
+BANDWIDTH_PROBES = (3, 2)  # probes before and after the engine's rows
+
+
+def probe_bytes(device: torch.device) -> int:
+    """The buffer a bandwidth probe reads: far larger than the last-level cache, so that every
+    pass streams from memory (CPU: 8x that cache, at least 256 MiB; CUDA: 1 GiB)."""
+    return 2**30 if device.type == "cuda" else max(8 * last_level_cache_bytes(), 256 * 2**20)
+
+
+def bandwidth_summary(probes: list) -> dict:
+    """The figure the fractions are taken against (the median probe) and the probes' spread."""
+    return {"machine_bandwidth_gbs": statistics.median(probes), "bandwidth_probes_gbs": probes,
+            "bandwidth_spread_gbs": [min(probes), max(probes)]}
+
+
 def machine_bandwidth_gbs(device: torch.device, trials: int = 20) -> float:
-    """Streaming-read bandwidth: best of `trials` full reductions of a buffer far larger than
-    the last-level cache (CPU: 8x it, >= 256 MiB, same threads as decode; CUDA: 1 GiB)."""
+    """Streaming-read bandwidth: best of `trials` full reductions of a buffer of probe_bytes
+    (on the CPU with the decode threads)."""
     if device.type == "cuda":
-        x = torch.ones(2**28, device=device)  # 1 GiB float32
+        x = torch.ones(probe_bytes(device) // 4, device=device)  # float32
         best = float("inf")
         for _ in range(trials + 1):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -198,7 +213,7 @@ def machine_bandwidth_gbs(device: torch.device, trials: int = 20) -> float:
         nbytes = x.numel() * x.element_size()
         del x
         return nbytes / best / 1e9
-    nbytes = max(8 * last_level_cache_bytes(), 256 * 2**20)
+    nbytes = probe_bytes(device)
     # written once: every page is resident before timing; in the huge pages that the weights
     # are in (core.memory: the same read in 4 KiB pages is 10-30% slower on machine D)
     x = empty_on_huge_pages([((nbytes // 4,), torch.float32)])[0].fill_(1)
@@ -620,9 +635,11 @@ def print_table(result) -> None:
           f"{m['threads']} threads, torch {m['torch']}"
           + (f", load average {m['load_average_1min']:.1f} at start" if "load_average_1min" in m
              else ""))
-    before, after = result["bandwidth_probes_gbs"]
+    lo, hi = result["bandwidth_spread_gbs"]
     print(f"machine streaming-read bandwidth: {result['machine_bandwidth_gbs']:.1f} GB/s (the "
-          f"higher of {before:.1f} before and {after:.1f} after the rows)")
+          f"median of {len(result['bandwidth_probes_gbs'])} probes, {lo:.1f} to {hi:.1f}; each "
+          f"the best of 20 reads of {result['bandwidth_probe_bytes'] / 2**20:.0f} MiB, against "
+          f"a last-level cache of {result['last_level_cache_bytes'] / 2**20:.0f} MiB)")
     head = (f"{'engine':<13}{'mode':<10}{'policy':<18}{'ctx':>6}{'B':>3}{'tok/s':>9}{'ms/tok':>8}"
             f"{'ovh ms':>8}{'prefill/s':>10}{'ttft s':>8}{'comp s':>8}{'MB/tok':>8}{'GB/s':>7}"
             f"{'%bw':>5}{'cacheMiB':>9}{'peakMiB':>8}")
@@ -704,7 +721,7 @@ def main(argv=None) -> None:
     machine = dict(machine_info(device), ranks=tp.world if tp else 1)
     model = load_model(ckpt, device=device, dtype=dtype, tp=tp)
     say("measuring the machine's streaming-read bandwidth...")
-    probes = [machine_bandwidth_gbs(device)]
+    probes = [machine_bandwidth_gbs(device) for _ in range(BANDWIDTH_PROBES[0])]
     modes = {"on": [True], "off": [False], "both": [False, True]}[args.compile]
     rows = []
     for compiled in modes:
@@ -716,8 +733,9 @@ def main(argv=None) -> None:
                     rows.append(bench_engine(model, policy, factory, settings, ctx, prompt[:ctx],
                                              args, compiled, device, batch))
     say("measuring the machine's streaming-read bandwidth again...")
-    probes.append(machine_bandwidth_gbs(device))
-    bandwidth = max(probes)
+    probes += [machine_bandwidth_gbs(device) for _ in range(BANDWIDTH_PROBES[1])]
+    measured = bandwidth_summary(probes)
+    bandwidth = measured["machine_bandwidth_gbs"]
     for r in rows:
         r["bandwidth_fraction"] = r["bandwidth_gbs"] / bandwidth
     add_overheads(rows)
@@ -743,7 +761,8 @@ def main(argv=None) -> None:
     add_peer_ratios(rows, peer_rows)
 
     result = {
-        "machine": machine, "machine_bandwidth_gbs": bandwidth, "bandwidth_probes_gbs": probes,
+        "machine": machine, **measured, "bandwidth_probe_bytes": probe_bytes(device),
+        "last_level_cache_bytes": last_level_cache_bytes(),
         "model": {"checkpoint": str(ckpt), "source": cfg.get("source"), "dtype":
                   str(dtype).removeprefix("torch."), "quantization": cfg.get("quantization"),
                   "parameters": sum(p.numel() for p in model.parameters())},

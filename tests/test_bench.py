@@ -25,8 +25,10 @@ def bench(default_checkpoint):
 
 
 def test_bench_rows_and_bytes_per_token(bench, default_checkpoint):
-    probes = bench["bandwidth_probes_gbs"]  # before and after the rows
-    assert len(probes) == 2 and bench["machine_bandwidth_gbs"] == max(probes) > 0
+    probes = bench["bandwidth_probes_gbs"]  # three before the rows, two after
+    assert len(probes) == 5 and bench["machine_bandwidth_gbs"] == sorted(probes)[2] > 0
+    assert bench["bandwidth_spread_gbs"] == [min(probes), max(probes)]
+    assert bench["bandwidth_probe_bytes"] >= max(256 * 2**20, 8 * bench["last_level_cache_bytes"])
     assert bench["machine"]["torch"] and bench["machine"]["threads"] >= 1
     assert bench["model"]["quantization"] is None and bench["model"]["dtype"] == "float32"
     rows = {r["policy"]: r for r in bench["rows"] if r["batch_size"] == 1}
