@@ -135,7 +135,7 @@ def policy_factories(args, notes: list, cfg: dict = None, dtype=None) -> dict:
         factory = cache_factory_from_args(ns)
         layers = {}
         if cfg is not None:
-            from engine.checkpoint import model_args
+            from engine.loading.checkpoint import model_args
             layers = layer_report(factory, model_args(cfg).n_layer, quiet=True)
         out[c] = (factory, prompt_settings(factory, {
             "cache_size": None if c == "full" else ns.cache_size, "kv_middle": ns.kv_middle,
@@ -305,7 +305,7 @@ def context_ids(tokenizer, n: int, text_file) -> list:
 
 def bench_engine(model, policy, factory, settings, context, prompt, args, compiled, device,
                  batch=1):
-    from engine.generation import Generator
+    from engine.runtime.generation import Generator
     if compiled:
         torch.compiler.reset()  # every row compiles from scratch: compile_s is its own
     reset_peak_memory(device)
@@ -368,7 +368,7 @@ def peer_float_model(model, cfg, ckpt, dtype, device):
     """The engine's float weights (for a quantized checkpoint: those of its float source)."""
     if not cfg.get("quantization"):
         return model
-    from engine.checkpoint import load_model, read_config
+    from engine.loading.checkpoint import load_model, read_config
     source = str(cfg.get("float_checkpoint") or cfg.get("source") or "")
     path = Path(source.split(":", 1)[1] if ":" in source and not Path(source).exists() else source)
     try:
@@ -449,7 +449,7 @@ def peer_caches(hf, policy: str, cache_size):
 
 
 def bench_peer(hf, policy, settings, context, prompt, args, device):
-    from engine.generation import sync
+    from engine.runtime.generation import sync
     label, make = peer_caches(hf, policy, settings["cache_size"])
     if make is None:
         return None, label
@@ -496,7 +496,7 @@ def gguf_weight_type(cfg: dict, dtype) -> str:
 
 def llama_cpp_gguf(model, cfg, ckpt, dtype, device, out_dir: Path):
     """(path, weight type) of the engine's weights written as a GGUF for llama.cpp."""
-    from engine.export import export_gguf
+    from engine.loading.export import export_gguf
     source = str(cfg.get("source") or "")
     gguf_source = Path(source.removeprefix("gguf:"))
     if not source.startswith("gguf:") or not gguf_source.is_file():
@@ -557,7 +557,7 @@ def run_llama_cpp(model, cfg, ckpt, dtype, device, factories, prompt, args, note
                               n_threads=threads, n_threads_batch=threads, logits_all=False,
                               verbose=False)
         label = f"llama.cpp via llama-cpp-python {llama_cpp.__version__}, GGUF {weight_type}"
-        notes.append(f"peer: {label} (the engine's weights, written by engine/export.py), "
+        notes.append(f"peer: {label} (the engine's weights, written by engine/loading/export.py), "
                      f"{threads} threads; prefill = eval of the prompt ids, decode = "
                      f"{args.new_tokens} single-token evals with a greedy argmax, medians of "
                      f"{args.repeats}")
@@ -693,14 +693,14 @@ def main(argv=None) -> None:
                             f"{PEER_INSTALL[args.peer]}") from None
         if args.peer == "transformers":
             transformers = peer
-    from engine.checkpoint import load_model, read_config
-    from engine.default_model import resolve_checkpoint
-    from engine.tokenizer import load_tokenizer
-    from engine.tp import start as start_tp
+    from engine.loading.checkpoint import load_model, read_config
+    from engine.loading.default_model import resolve_checkpoint
+    from engine.loading.tokenizer import load_tokenizer
+    from engine.runtime.tp import start as start_tp
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    tp = start_tp(device)  # under torchrun: figures are per rank (engine/tp.py)
+    tp = start_tp(device)  # under torchrun: figures are per rank (engine/runtime/tp.py)
     if tp and args.peer:
         raise UserError("--peer runs one process; run it without torchrun")
     ckpt = resolve_checkpoint(args.checkpoint_path)

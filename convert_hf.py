@@ -5,7 +5,7 @@
     python convert_hf.py model.Q4_1.gguf --out checkpoints/from_gguf   # dequantized, float32
 """
 from engine.cli import DTYPES, Parser, run
-from engine.convert import convert
+from engine.loading.convert import convert
 
 
 def main(argv=None) -> None:

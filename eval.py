@@ -24,7 +24,7 @@ from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_cache_arguments,
                         check_run_fits, comma_list, fit_cache_to_stream, layer_report, list_caches,
                         positive_int, resolve_device, resolve_dtype, resolve_positions, run,
                         seed_int, size_cache_from_mib)
-from engine.files import check_writable, write_atomic
+from engine.loading.files import check_writable, write_atomic
 
 
 def depth(text: str) -> float:
@@ -93,7 +93,7 @@ def build_parser() -> Parser:
     pk.add_argument("--trials", type=positive_int, default=5, help="random keys per depth")
     pk.add_argument("--new_tokens", type=positive_int, default=8)
 
-    from engine.ruler import TASKS
+    from engine.evaluation.ruler import TASKS
     rl = sub.add_parser("ruler", help="RULER-style synthetic tasks over lengths and policies")
     add_grid_arguments(rl, [1024, 2048, 4096], "seeds the needles, words and haystack offsets",
                        "--trials")
@@ -133,7 +133,7 @@ def build_parser() -> Parser:
 
 def load_text(args) -> tuple[str, str]:
     """(text, its name) from --text_file or --corpus."""
-    from engine.evaluation import corpus_path, read_text
+    from engine.evaluation.perplexity import corpus_path, read_text
     if args.corpus is not None:
         path = corpus_path(args.corpus, args.corpus_dir)
         return read_text(path, f"corpus {args.corpus}"), args.corpus
@@ -146,13 +146,13 @@ def load_text(args) -> tuple[str, str]:
 def ppl_main(args) -> None:
     from tqdm import tqdm
 
-    from engine.checkpoint import load_model, model_args, read_config
-    from engine.default_model import resolve_checkpoint
+    from engine.loading.checkpoint import load_model, model_args, read_config
+    from engine.loading.default_model import resolve_checkpoint
     from caches import build_caches
-    from engine.evaluation import (compile_step, encode_prefix, score_step, streaming_perplexity,
+    from engine.evaluation.perplexity import (compile_step, encode_prefix, score_step, streaming_perplexity,
                                    warmup)
-    from engine.tokenizer import load_tokenizer
-    from engine.tp import start as start_tp
+    from engine.loading.tokenizer import load_tokenizer
+    from engine.runtime.tp import start as start_tp
 
     if args.list_caches:
         print(list_caches())
@@ -163,7 +163,7 @@ def ppl_main(args) -> None:
     text, source = load_text(args)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    tp = start_tp(device)  # under torchrun: this rank's share of the model (engine/tp.py)
+    tp = start_tp(device)  # under torchrun: this rank's share of the model (engine/runtime/tp.py)
     ckpt = resolve_checkpoint(args.checkpoint_path)
     tokenizer = load_tokenizer(ckpt)
     ids = encode_prefix(tokenizer, text, args.max_tokens)
@@ -233,10 +233,10 @@ def ppl_main(args) -> None:
 def attention_loss_main(args) -> None:
     from tqdm import tqdm
 
-    from engine import plots
-    from engine.attention_loss import attention_loss
-    from engine.evaluation import encode_prefix
-    from engine.sweep import ResultStore, Setup, cli_policies
+    from engine.evaluation.perplexity import plots
+    from engine.evaluation.attention_loss import attention_loss
+    from engine.evaluation.perplexity import encode_prefix
+    from engine.evaluation.sweep import ResultStore, Setup, cli_policies
 
     if args.compile:
         raise UserError("attention-loss runs eager (its probes read every probability); drop "
@@ -307,8 +307,8 @@ def attention_loss_main(args) -> None:
 
 
 def passkey_main(args) -> None:
-    from engine import plots
-    from engine.sweep import (PasskeyConfig, ResultStore, Setup, check_passkey_prompts,
+    from engine.evaluation.perplexity import plots
+    from engine.evaluation.sweep import (PasskeyConfig, ResultStore, Setup, check_passkey_prompts,
                               cli_policies, expand_full, passkey_accuracy, passkey_table,
                               run_passkey_grid)
 
@@ -343,9 +343,9 @@ def passkey_main(args) -> None:
 
 
 def ruler_main(args) -> None:
-    from engine import plots
-    from engine.ruler import parse_tasks
-    from engine.sweep import (ResultStore, RulerConfig, Setup, check_ruler_prompts,
+    from engine.evaluation.perplexity import plots
+    from engine.evaluation.ruler import parse_tasks
+    from engine.evaluation.sweep import (ResultStore, RulerConfig, Setup, check_ruler_prompts,
                               cli_policies, expand_full, in_grid, ruler_scores,
                               ruler_table, run_ruler_grid)
 
@@ -383,7 +383,7 @@ def ruler_main(args) -> None:
 
 
 def sweep_main(args) -> None:
-    from engine.sweep import load_config, render, run_sweep
+    from engine.evaluation.sweep import load_config, render, run_sweep
     cfg = load_config(args.config, out_dir=args.out)
     if args.render_only:
         if not (cfg.out_dir / "results.jsonl").exists():

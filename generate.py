@@ -101,9 +101,9 @@ class TextStream:
     the output); holds back incomplete UTF-8 sequences."""
 
     def __init__(self, tokenizer, skip_ids, out=None):
-        from engine.tokenizer import StreamingDetokenizer
+        from engine.loading.tokenizer import StreamingDetokenizer
         self.detok, self.skip = StreamingDetokenizer(tokenizer), set(skip_ids)
-        # sys.stdout as it is now: under torchrun, ranks after 0 have replaced it (engine/tp.py)
+        # sys.stdout as it is now: under torchrun, ranks after 0 have replaced it (engine/runtime/tp.py)
         self.out = out or sys.stdout
 
     def __call__(self, token_id: int) -> None:
@@ -116,8 +116,8 @@ class TextStream:
 
 
 def interactive(args, session, tokenizer) -> None:
-    """The terminal chat: one Session for the whole conversation (engine/chat.py)."""
-    from engine.chat import Chat
+    """The terminal chat: one Session for the whole conversation (engine/runtime/chat.py)."""
+    from engine.runtime.chat import Chat
     chat = Chat(session, tokenizer, args.system)
     print("chat: /exit or Ctrl-D ends, /reset starts over, /save FILE writes the session",
           file=sys.stderr)
@@ -169,13 +169,13 @@ def start(args) -> Run:
     ask for; every size is checked before anything is loaded."""
     check_bake_argument(args)
     cache_factory_from_args(args, seed=args.seed or 0)  # bad cache flags fail before loading
-    from engine.checkpoint import load_model, model_args
-    from engine.generation import Generator, Session
-    from engine.tp import shared_seed
-    from engine.tp import start as start_tp
+    from engine.loading.checkpoint import load_model, model_args
+    from engine.runtime.generation import Generator, Session
+    from engine.runtime.tp import shared_seed
+    from engine.runtime.tp import start as start_tp
 
     device, dtype, ckpt, cfg, tokenizer = open_checkpoint(args)
-    tp = start_tp(device)  # under torchrun: this rank's share of the model (engine/tp.py)
+    tp = start_tp(device)  # under torchrun: this rank's share of the model (engine/runtime/tp.py)
     if tp and args.interactive:
         raise UserError("--interactive reads the terminal in one process; run it without torchrun")
     context = cfg["model"]["max_position_embeddings"]

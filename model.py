@@ -258,7 +258,7 @@ class Transformer(nn.Module):
         one cache per layer (the model owns none: a session does); logits [B, T, vocab] in
         float32. out_idx selects which of the T positions get logits (prefill needs the last).
         block(layer, x, input_pos, cache), if given, runs each layer instead (the engine's
-        compiled region for one block, engine/steps.py)."""
+        compiled region for one block, engine/runtime/steps.py)."""
         if input_pos.dim() == 1:
             input_pos = input_pos.view(1, -1).expand(idx.shape[0], -1)
         x = self.tok_embeddings(idx)

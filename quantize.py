@@ -12,8 +12,8 @@ from engine.cli import CHECKPOINT_HELP, Parser, run
 
 
 def main(argv=None) -> None:
-    from engine.checkpoint import quantize_checkpoint
-    from engine.default_model import resolve_checkpoint
+    from engine.loading.checkpoint import quantize_checkpoint
+    from engine.loading.default_model import resolve_checkpoint
     from quantize.weights import GROUPSIZES, MODES
 
     p = Parser(description=__doc__.splitlines()[0])

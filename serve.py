@@ -27,7 +27,7 @@ def non_negative_int(text: str) -> int:
 
 
 def build_parser() -> Parser:
-    from engine.batcher import DEFAULT_PREFILL_TOKENS
+    from engine.runtime.batcher import DEFAULT_PREFILL_TOKENS
     p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint_path", default=None, help=CHECKPOINT_HELP)
     p.add_argument("--host", default="127.0.0.1")
@@ -94,9 +94,9 @@ def main(argv=None) -> None:
     check_port(args.host, args.port)
     import uvicorn
 
-    from engine.batcher import Batcher
-    from engine.checkpoint import load_model
-    from engine.server import create_app
+    from engine.runtime.batcher import Batcher
+    from engine.loading.checkpoint import load_model
+    from engine.serving.server import create_app
 
     device, dtype, ckpt, cfg, tokenizer = open_checkpoint(args)
     context = cfg["model"]["max_position_embeddings"]
@@ -106,7 +106,7 @@ def main(argv=None) -> None:
     make_cache = cache_factory_from_args(args, seed=args.seed or 0)
     max_seq_length = stream_length(args, context)
     parked = args.slots if args.parked is None else args.parked
-    # the rows, the parked rows and the scratch row (engine/batcher.py)
+    # the rows, the parked rows and the scratch row (engine/runtime/batcher.py)
     check_run_fits(ckpt, cfg, dtype, device, args.slots + parked + 1, max_seq_length, make_cache)
     model = load_model(ckpt, device=device, dtype=dtype)
     batcher = Batcher(model, make_cache, args.slots, max_seq_length, args.queue, parked,

@@ -8,7 +8,7 @@ Each step, for one layer:
     cache.commit(input_pos, probs)                   # statistics and compression happen here
     cache.after_step()                               # host side, `scheduled` caches only
 
-An eager step may leave its compression for later: the engine (engine/steps.py) sets
+An eager step may leave its compression for later: the engine (engine/runtime/steps.py) sets
 `cache.waiting` to a list, a cache that waits appends itself in `commit`, and after the last
 layer the engine calls `waiting[0].settle(waiting, input_pos)`, which compresses every cache in
 the list (a layer's cache is read by that layer only, so waiting until every layer has attended
@@ -81,8 +81,8 @@ class KVCache(nn.Module):
     def __init__(self, rope: Tensor, layer_id: int = 0):
         super().__init__()
         self.layer_id = layer_id
-        # Set by build_caches under tensor parallelism (engine/tp.py): this rank holds KV heads
-        # [shard.offset, shard.offset + Hkv) of shard.total, and shard.all_reduce sums over ranks.
+        # Set by build_caches under tensor parallelism (engine/runtime/tp.py): this rank holds KV
+        # heads [shard.offset, shard.offset + Hkv) of shard.total; shard.all_reduce sums over ranks.
         self.shard = None
         self.register_buffer("rope", rope, persistent=False)  # [max_len, D // 2, 2] float32
 
@@ -120,7 +120,8 @@ class KVCache(nn.Module):
 
     def before_step(self, first: list, last: list) -> None:
         """Host side, before a step whose rows run from positions `first` to `last` (called
-        by engine.steps.forward for `scheduled` caches): choose the step's work by position."""
+        by engine.runtime.steps.forward for `scheduled` caches): choose the step's work by
+        position."""
 
     def after_step(self) -> None:
         """Host side, after the step: back to doing every position's work, which is what a

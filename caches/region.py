@@ -395,7 +395,7 @@ class RegionCache(KVCache):
             return
         if torch.compiler.is_compiling():
             # The compiled decode step keeps each layer's step. A traced prompt chunk's steps
-            # run after its graph, every layer at once (engine/generation.py, `settling`):
+            # run after its graph, every layer at once (engine/runtime/generation.py, `settling`):
             # unrolled in the graph, a chunk's 32 steps took minutes to compile. Compiled code
             # never reads `waiting`: its guards would then check the attribute.
             if T == 1:

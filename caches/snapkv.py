@@ -12,7 +12,7 @@ first token after the prompt. Prompts that fit the budget, and prompts appended 
 already holds tokens, go chunk by chunk as before. A cache that keeps every token (quantized)
 keeps them all here too: one shot reads its prompt in the model dtype, then stores every token
 older than the window in int8, at the full cache's pace (with compiled prompts, through the full
-cache's own compiled prompt graph: engine.prefill.through_graph).
+cache's own compiled prompt graph: engine.runtime.prefill.through_graph).
 
 Paper: SnapKV: LLM Knows What You are Looking for Before Generation,
 https://arxiv.org/abs/2404.14469; implements the observation-window voting and pooling of its

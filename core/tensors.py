@@ -13,6 +13,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+# The dtypes a model runs in, by the names the command-line tools and configs use.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
 from core.errors import UserError
 
 ALIGNMENT = 64  # bytes: one cache line, the widest vector load (AVX-512)

@@ -8,9 +8,10 @@ import sys
 
 import torch
 
-from core.errors import UserError, as_flags
+from core.entry import run  # noqa: F401  (every tool's entry point takes it from here)
+from core.errors import UserError
+from core.tensors import DTYPES
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHECKPOINT_HELP = ("engine checkpoint directory (convert_hf.py output) or an embedded model: "
                    "smollm2-135m (the default), qwen2.5-coder-0.5b (converted on first use)")
 
@@ -92,37 +93,14 @@ def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
 def open_checkpoint(args):
     """The device, dtype, checkpoint directory, its config and tokenizer that --device, --dtype
     and --checkpoint_path name (the embedded default model without one)."""
-    from engine.checkpoint import read_config
-    from engine.default_model import resolve_checkpoint
-    from engine.tokenizer import load_tokenizer
+    from engine.loading.checkpoint import read_config
+    from engine.loading.default_model import resolve_checkpoint
+    from engine.loading.tokenizer import load_tokenizer
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     ckpt = resolve_checkpoint(args.checkpoint_path)
     cfg = read_config(ckpt)
     return device, dtype, ckpt, cfg, load_tokenizer(ckpt)
-
-
-def run(main) -> None:
-    """Run a CLI main(); user errors and Ctrl-C end with one line, not a traceback (under
-    torchrun: from rank 0 only, every rank exiting). Big temporaries stay with the process
-    (core.memory.keep_freed_buffers)."""
-    from core.memory import keep_freed_buffers
-    keep_freed_buffers()
-    speaks = os.environ.get("RANK", "0") == "0"
-    try:
-        main()
-    except UserError as e:
-        if speaks:
-            print(f"error: {as_flags(str(e))}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        if speaks:
-            print("interrupted", file=sys.stderr)
-        sys.exit(130)
-    finally:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def add_compile_arguments(p) -> None:
@@ -235,7 +213,7 @@ def size_cache_from_mib(args, cfg: dict, dtype) -> None:
     """--cache_mib: the regions caches.fit_to_bytes chooses for this model and dtype become
     --cache_size/--sink/--window (said on stderr); nothing without --cache_mib."""
     from caches import DEFAULT_CHUNK, fit_to_bytes
-    from engine.checkpoint import model_args
+    from engine.loading.checkpoint import model_args
     if getattr(args, "cache_mib", None) is None:
         return
     if is_layered(args):
@@ -289,7 +267,7 @@ def check_run_fits(ckpt, cfg: dict, dtype, device, batch_size: int, max_seq_leng
 
     from caches import cache_nbytes
     from core.memory import check_fits
-    from engine.checkpoint import WEIGHTS_NAME, model_args
+    from engine.loading.checkpoint import WEIGHTS_NAME, model_args
     weights = Path(ckpt) / WEIGHTS_NAME
     size = weights.stat().st_size if weights.is_file() else 0
     caches = cache_nbytes(model_args(cfg), batch_size, max_seq_length, dtype, make_cache)

@@ -22,9 +22,9 @@ copy of each block linear's weight instead (a tied head: the embedding table its
 the engine's own GEMV kernel (`kernels.gemv`: a band of rows a thread, prefetched; 23-31 GB/s
 on machine C), float32 and bfloat16 alike. Where the kernels
 do not build, the plain weight is read as a reduction (y = (W * x).sum(-1)) that Inductor
-generates, fuses into the block's graph and splits over the threads, at 21-25 GB/s (section
-6b); on a CPU with AMX, where oneDNN's bfloat16 kernel streams faster than that reduction
-(sections 6x, 6y), bfloat16 linears then stay on oneDNN (`STREAMED_DTYPES`). Eager prompt
+generates, fuses into the block's graph and splits over the threads, at 21-25 GB/s; on a CPU
+with AMX, where oneDNN's bfloat16 kernel streams faster than that reduction,
+bfloat16 linears then stay on oneDNN (`STREAMED_DTYPES`). Eager prompt
 chunks and steps of more rows stay on oneDNN, faster there: `stream_compiled_decode` keeps the
 plain copy next to the packed weight, memory for speed, only when a compiled few-row decode
 asks for it.

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model as M  # noqa: E402
 from bench import int_list  # noqa: E402
 from engine.cli import positive_int  # noqa: E402
-from engine.generation import sync  # noqa: E402
+from engine.runtime.generation import sync  # noqa: E402
 
 SPLIT = 256  # slots a chunk in splitk
 VARIANTS = ("engine", "sdpa", "reduce", "splitk", "flex")
@@ -159,8 +159,8 @@ def part1(args, shape, device, dtype) -> None:
 def part2(args, device, dtype) -> None:
     import bench
     from caches import make_cache_factory
-    from engine.checkpoint import load_model
-    from engine.default_model import resolve_checkpoint
+    from engine.loading.checkpoint import load_model
+    from engine.loading.default_model import resolve_checkpoint
     path = resolve_checkpoint(args.model)
     model = load_model(path, dtype=dtype, device=device)
     runs = argparse.Namespace(new_tokens=64, repeats=2, compile_prefill=False)

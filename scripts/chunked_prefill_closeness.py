@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from caches import make_cache_factory  # noqa: E402
-from engine.checkpoint import load_model  # noqa: E402
-from engine.default_model import default_checkpoint  # noqa: E402
-from engine.generation import Generator  # noqa: E402
-from engine.tokenizer import load_tokenizer  # noqa: E402
+from engine.loading.checkpoint import load_model  # noqa: E402
+from engine.loading.default_model import default_checkpoint  # noqa: E402
+from engine.runtime.generation import Generator  # noqa: E402
+from engine.loading.tokenizer import load_tokenizer  # noqa: E402
 
 
 def main():

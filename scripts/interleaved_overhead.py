@@ -26,10 +26,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from caches import POLICIES, make_cache_factory  # noqa: E402
 from core.errors import UserError  # noqa: E402
-from engine import generation as G  # noqa: E402
-from engine.checkpoint import load_model  # noqa: E402
+from engine.runtime import generation as G  # noqa: E402
+from engine.loading.checkpoint import load_model  # noqa: E402
 from engine.cli import DTYPES  # noqa: E402
-from engine.default_model import resolve_checkpoint  # noqa: E402
+from engine.loading.default_model import resolve_checkpoint  # noqa: E402
 
 DEFAULT = "h2o,tova,a2sf,weightedkv,weightedkv-evict,cam,lagkv,knorm,keydiff"
 

@@ -103,9 +103,9 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    from engine.default_model import default_checkpoint
-    from engine.files import write_atomic
-    from engine.tokenizer import load_tokenizer
+    from engine.loading.default_model import default_checkpoint
+    from engine.loading.files import write_atomic
+    from engine.loading.tokenizer import load_tokenizer
     tokenizer = load_tokenizer(default_checkpoint())
 
     index_path = out / "corpora.json"

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 from core.errors import UserError  # noqa: E402
 from engine.cli import run  # noqa: E402
-from engine.files import publish_dir, save_weights, staging_dir  # noqa: E402
+from engine.loading.files import publish_dir, save_weights, staging_dir  # noqa: E402
 
 # ModelArgs fields of published configurations (their config.json files).
 SHAPES = {
@@ -48,8 +48,8 @@ def main(argv=None) -> None:
                         "default model's)")
     args = p.parse_args(argv)
 
-    from engine.checkpoint import model_args, read_config
-    from engine.default_model import EMBEDDED, default_checkpoint, resolve_checkpoint
+    from engine.loading.checkpoint import model_args, read_config
+    from engine.loading.default_model import EMBEDDED, default_checkpoint, resolve_checkpoint
     from model import Transformer
     if args.shape not in SHAPES and args.shape not in EMBEDDED and not Path(args.shape).is_dir():
         raise UserError(f"unknown shape {args.shape!r}; choose from "

@@ -101,7 +101,7 @@ def generate_path(opts, rest: list, samples: Samples) -> None:
 
 def interactive_path(opts, rest: list, samples: Samples) -> None:
     import generate
-    from engine.chat import Chat
+    from engine.runtime.chat import Chat
     args = generate.build_parser().parse_args(rest)
     args.interactive, args.json = True, True
     r = generate.start(args)
@@ -115,7 +115,7 @@ def interactive_path(opts, rest: list, samples: Samples) -> None:
 
 def session_path(opts, rest: list, samples: Samples) -> None:
     import generate
-    from engine.generation import Session
+    from engine.runtime.generation import Session
     args = generate.build_parser().parse_args(rest)
     args.interactive, args.json = True, True
     r = generate.start(args)
@@ -245,7 +245,7 @@ def main(argv=None) -> None:
 
 
 def plot(points: list, path: str, title: str) -> None:
-    from engine.plots import plt, save
+    from engine.evaluation.plots import plt, save
     fig, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
     ax.plot([t for t, _ in points], [r / 2**20 for _, r in points], lw=1.2)
     ax.set_xlabel("tokens")

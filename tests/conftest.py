@@ -58,7 +58,7 @@ def convert_in_fresh_home(tmp_path_factory, name: str):
     import contextlib
     import io
 
-    from engine.default_model import embedded_checkpoint
+    from engine.loading.default_model import embedded_checkpoint
     home = tmp_path_factory.mktemp("regionkv_home")
     err = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err):
@@ -70,7 +70,7 @@ def convert_in_fresh_home(tmp_path_factory, name: str):
 @pytest.fixture(scope="session")
 def default_checkpoint():
     """The embedded default model, converted once (REGIONKV_HOME or ~/.cache/regionkv)."""
-    from engine.default_model import default_checkpoint as resolve
+    from engine.loading.default_model import default_checkpoint as resolve
     return resolve()
 
 

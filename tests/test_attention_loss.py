@@ -1,4 +1,4 @@
-"""Attention loss (engine/attention_loss.py, eval.py attention-loss)."""
+"""Attention loss (engine/evaluation/attention_loss.py, eval.py attention-loss)."""
 import json
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from caches import FullCache, build_caches, make_cache_factory
 from conftest import DATA, run_cli, tiny_model, write_tiny_checkpoint
-from engine.attention_loss import attention_loss
+from engine.evaluation.attention_loss import attention_loss
 
 KJV = DATA / "kjv_genesis_1_2.txt"  # checked in: CI has no prepared corpora
 

@@ -11,8 +11,8 @@ from torch._dynamo.testing import CompileCounter
 from caches import POLICIES, make_cache_factory
 from conftest import tiny_model
 from core.errors import UserError
-from engine.batcher import Batcher, QueueFull, SamplingParams, sample_row
-from engine.generation import Generator, Session
+from engine.runtime.batcher import Batcher, QueueFull, SamplingParams, sample_row
+from engine.runtime.generation import Generator, Session
 
 S = 256
 

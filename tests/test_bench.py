@@ -7,7 +7,7 @@ import pytest
 from safetensors import safe_open
 
 from conftest import ROOT, run_cli
-from engine.checkpoint import read_config
+from engine.loading.checkpoint import read_config
 
 CONTEXT, NEW, CACHE_SIZE = 32, 4, 16
 
@@ -200,7 +200,7 @@ def test_random_checkpoint_has_the_shapes_and_loads(default_checkpoint, tmp_path
     import torch
 
     from conftest import write_tiny_checkpoint
-    from engine.checkpoint import load_model
+    from engine.loading.checkpoint import load_model
     shape = write_tiny_checkpoint(tmp_path / "shape", default_checkpoint, vocab_size=49152,
                                   n_layer=2, dim=32, n_head=2, n_kv_heads=1, head_dim=16,
                                   intermediate_size=64, tie_embeddings=True)

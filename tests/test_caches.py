@@ -18,9 +18,9 @@ from caches.a2sf import A2SFCache
 from caches.weightedkv import WeightedKVCache
 from conftest import tiny_model
 from core.errors import UserError
-from engine.generation import Generator, Session, compile_decode, decode_one_token
-from engine.steps import steps
-from engine.prefill import read_by_layer
+from engine.runtime.generation import Generator, Session, compile_decode, decode_one_token
+from engine.runtime.steps import steps
+from engine.runtime.prefill import read_by_layer
 from caches.attention import KVView
 from model import rope_table
 from quantize.kv import dequantize_int8, dequantize_words, quantize_int8
@@ -232,7 +232,7 @@ def test_a_compiled_quantized_prompt_attends_over_the_slots_in_use_in_one_graph(
     growing with the stream (with rank positions, up to the whole middle: a second prompt past
     max_seq_length), one graph for every size (nothing compiles after the warm-up), and the
     logits of eager chunks over the whole static buffer."""
-    from engine.generation import compile_prompt
+    from engine.runtime.generation import compile_prompt
     torch._dynamo.reset()
     model = tiny_model(n_layer=2)
     factory = make_cache_factory("quantized", cache_size=24, chunk=8,
@@ -369,8 +369,8 @@ def test_a_warm_up_compiles_lagkv_with_and_without_scoring():
 def test_a_warm_up_compiles_a_wavefront_s_steps(name, kw, piece, monkeypatch):
     """Timings exclude compilation: after Session.warmup a long prompt, read as a wavefront
     (one to four layers at work, stacked), and its decode compile nothing."""
-    import engine.prefill as P
-    from engine.generation import compile_prompt
+    import engine.runtime.prefill as P
+    from engine.runtime.generation import compile_prompt
     torch._dynamo.reset()
     monkeypatch.setattr(P, "WAVE_PIECE", 16)
     model = tiny_model(n_layer=4)
@@ -1175,7 +1175,7 @@ def assert_same_caches(a, b, atol=1e-5):
 @pytest.mark.parametrize("piece", [None, 16])
 def test_a_prompt_read_layer_by_layer_is_read_chunk_by_chunk(name, kw, piece):
     """Two rows read 48 tokens in chunks of 8 over a budget of 16, then 48 more (a later
-    piece, over retained tokens), eager: engine.prefill.read_by_layer (each layer's linears on
+    piece, over retained tokens), eager: engine.runtime.prefill.read_by_layer (each layer's linears on
     all 48 rows, or as a wavefront of pieces of 16 rows, its cache taking the six chunks in
     order) gives forward's logits and caches chunk by chunk, for every policy, the token-step
     ones (their steps settle per chunk and layer; in a wavefront the layers at work go as one
@@ -1230,7 +1230,7 @@ def test_one_pass_caches_read_a_prompt_in_two_pieces_of_half_at_most_prefill_pie
     """layer_piece for caches that compress a chunk in one pass: half the prompt's chunks
     (rounded up), at most PREFILL_PIECE rows, so that two layers at a time share the chunk
     steps; under two chunks, chunk by chunk. Token-step caches keep their smaller pieces."""
-    from engine.prefill import PREFILL_PIECE, layer_piece
+    from engine.runtime.prefill import PREFILL_PIECE, layer_piece
     model = tiny_model(n_layer=30)
     one_pass = build_caches(model, 1, 8192, make_cache_factory(
         "weightedkv", cache_size=BUDGET, chunk=128, prompt_compression="bulk"))
@@ -1253,7 +1253,7 @@ def test_read_prompt_reads_layer_by_layer_as_a_wavefront(name, kw, piece, monkey
     its 56 rows of whole chunks (then 5 tokens one by one): in pieces of 24 rows (24, 24, 8)
     where every cache compresses a chunk in one pass, of 16 where a cache takes token steps;
     the logits and caches of BY_LAYER off (chunk by chunk through every layer)."""
-    import engine.prefill as generation
+    import engine.runtime.prefill as generation
     model = tiny_model(n_layer=2)
     ids = torch.randint(0, 256, (1, 61), generator=torch.Generator().manual_seed(2))
     factory = make_cache_factory(name, cache_size=BUDGET, chunk=8, **kw)
@@ -1286,7 +1286,7 @@ def test_a_compiled_chunk_step_reads_as_the_eager_one(name):
     through them as a wavefront (four layers, pieces of one chunk: one to four layers at work,
     stacked), a prompt gives the eager whole-prompt read's logits and caches, and each
     compiles two graphs, a cache alone and a stack of any height (none for each height)."""
-    from engine.generation import compile_decode, compile_prompt
+    from engine.runtime.generation import compile_decode, compile_prompt
     torch._dynamo.reset()
     model = tiny_model(n_layer=4)
     ids = torch.randint(0, 256, (1, 48), generator=torch.Generator().manual_seed(3))

@@ -1,4 +1,4 @@
-"""convert_hf.py / engine.convert: every source kind (GGUF, HF directory single/sharded/.bin, hub
+"""convert_hf.py / engine.loading.convert: every source kind (GGUF, HF directory single/sharded/.bin, hub
 cache) checked against transformers as the independent reference; errors and atomic output."""
 import json
 import math
@@ -11,9 +11,9 @@ import torch
 
 from caches import build_caches
 from conftest import DATA, ROOT, convert_in_fresh_home, run_cli
-from engine.checkpoint import load_model, read_config
-from engine.convert import OutputExistsError, convert, hf_model_args
-from engine.default_model import default_checkpoint, default_gguf
+from engine.loading.checkpoint import load_model, read_config
+from engine.loading.convert import OutputExistsError, convert, hf_model_args
+from engine.loading.default_model import default_checkpoint, default_gguf
 from core.errors import UserError
 
 transformers = pytest.importorskip("transformers")
@@ -137,7 +137,7 @@ def test_default_checkpoint_converts_once_then_reuses(default_converted, monkeyp
 
     def no_conversion(*a, **k):
         raise AssertionError("converted again")
-    monkeypatch.setattr("engine.convert.convert", no_conversion)
+    monkeypatch.setattr("engine.loading.convert.convert", no_conversion)
     monkeypatch.setenv("REGIONKV_HOME", str(home))
     assert default_checkpoint() == path
     assert capsys.readouterr().err == ""
@@ -149,7 +149,7 @@ def test_default_checkpoint_from_an_older_format_is_redone(default_converted, mo
     cfg = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps(dict(cfg, version=0)))
     calls = []
-    monkeypatch.setattr("engine.convert.convert",
+    monkeypatch.setattr("engine.loading.convert.convert",
                         lambda src, out, dtype=None, force=False: calls.append(force) or
                         (path / "config.json").write_text(json.dumps(cfg)))
     monkeypatch.setenv("REGIONKV_HOME", str(home))
@@ -655,21 +655,21 @@ def test_existing_output_needs_force_and_is_replaced_whole(tok_dir, tmp_path):
 
 def test_concurrent_first_use_keeps_the_first_finished_checkpoint(tiny_llama3, tmp_path,
                                                                    monkeypatch):
-    import engine.convert
-    import engine.default_model
+    import engine.loading.convert
+    import engine.loading.default_model
     home = tmp_path / "home"
     ckpt = home / "checkpoints" / "SmolLM2-135M-Instruct"
     gguf_path = write_llama_gguf(tmp_path / "tiny.gguf", tiny_llama3["model"],
                                  rope_freqs=_llama3_rope_freqs(16, 10000.0, tiny_llama3["scaling"]))
-    monkeypatch.setattr(engine.default_model, "default_gguf", lambda: gguf_path)
+    monkeypatch.setattr(engine.loading.default_model, "default_gguf", lambda: gguf_path)
     monkeypatch.setenv("REGIONKV_HOME", str(home))
-    real_save = engine.convert._save_weights
+    real_save = engine.loading.convert._save_weights
 
     def save_while_another_process_finishes(state, path):
         real_save(state, path)
         ckpt.mkdir(parents=True)  # the other process's rename lands first
         (ckpt / "config.json").write_text(json.dumps({"winner": True}))
-    monkeypatch.setattr(engine.convert, "_save_weights", save_while_another_process_finishes)
+    monkeypatch.setattr(engine.loading.convert, "_save_weights", save_while_another_process_finishes)
     assert default_checkpoint() == ckpt
     assert json.loads((ckpt / "config.json").read_text()) == {"winner": True}
     assert leftovers(ckpt.parent) == []

@@ -7,11 +7,11 @@ import torch
 
 from caches import FullCache, build_caches, make_cache_factory
 from conftest import DATA, ROOT, run_cli, tiny_model
-from engine.checkpoint import load_model
+from engine.loading.checkpoint import load_model
 from core.errors import UserError
-from engine.evaluation import (CORPUS_NAMES, batched_full_perplexity,
+from engine.evaluation.perplexity import (CORPUS_NAMES, batched_full_perplexity,
                                batched_streaming_perplexity, encode_prefix, streaming_perplexity)
-from engine.tokenizer import load_tokenizer
+from engine.loading.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""engine/export.py: the engine's weights as a GGUF, read back by the engine's own GGUF
+"""engine/loading/export.py: the engine's weights as a GGUF, read back by the engine's own GGUF
 converter (names, RoPE row layout, tied head and metadata round-trip), and bench.py's
 llama.cpp peer."""
 import json
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import run_cli
-from engine.checkpoint import load_model, read_config
-from engine.convert import _convert_gguf
-from engine.export import export_gguf
+from engine.loading.checkpoint import load_model, read_config
+from engine.loading.convert import _convert_gguf
+from engine.loading.export import export_gguf
 
 
 @pytest.fixture(scope="module")

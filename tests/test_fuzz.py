@@ -176,7 +176,7 @@ def test_quantize_cli_writes_whole_checkpoints_or_nothing(tiny_ckpt, tmp_path_fa
     leftovers = [p.name for p in root.rglob(".*")]
     assert not leftovers, leftovers  # no staging directory survives
     if code == 0:
-        from engine.checkpoint import load_model
+        from engine.loading.checkpoint import load_model
         assert load_model(out).args.n_layer == 2  # whole and loadable
 
 
@@ -190,8 +190,8 @@ def with_file(ckpt, d, name: str, data: bytes):
 
 
 def loads_or_one_error(d) -> None:
-    from engine.checkpoint import load_model
-    from engine.tokenizer import load_tokenizer
+    from engine.loading.checkpoint import load_model
+    from engine.loading.tokenizer import load_tokenizer
     for load in (load_model, load_tokenizer):
         try:
             load(d)
@@ -242,8 +242,8 @@ def test_damaged_files(tiny_ckpt, tmp_path_factory, cut, flips, which):
                                            max_size=4))
 def test_damaged_session_files(tiny_ckpt, tmp_path_factory, cut, flips):
     from caches import make_cache_factory
-    from engine.checkpoint import load_model
-    from engine.generation import Session
+    from engine.loading.checkpoint import load_model
+    from engine.runtime.generation import Session
     model = load_model(tiny_ckpt)
     d = tmp_path_factory.mktemp("session")
     s = Session(model, make_cache_factory("weightedkv", cache_size=16, chunk=8), 64)
@@ -331,7 +331,7 @@ def test_a_budget_the_run_cannot_fill_is_not_allocated(tiny_ckpt):
 
 def test_memory_is_checked_before_it_is_taken(tiny_ckpt):
     from caches import build_caches, make_cache_factory
-    from engine.checkpoint import load_model
+    from engine.loading.checkpoint import load_model
     model = load_model(tiny_ckpt)
     with pytest.raises(UserError) as e:
         build_caches(model, 4096, 256, make_cache_factory("weightedkv", cache_size=10**7))

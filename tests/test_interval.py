@@ -7,8 +7,8 @@ from torch._dynamo.testing import CompileCounter
 from caches import POLICIES, build_caches, make_cache_factory
 from conftest import tiny_model
 from core.errors import UserError
-from engine.generation import Generator, Session, compile_decode, decode_one_token
-from engine.steps import reset_steps
+from engine.runtime.generation import Generator, Session, compile_decode, decode_one_token
+from engine.runtime.steps import reset_steps
 
 COMPRESSING = [p for p in POLICIES if p != "full"]
 BUDGET, CHUNK = 16, 8
@@ -156,7 +156,7 @@ def test_the_server_batcher_streams_equal_each_alone(name):
     """Continuous batching (prompt chunks read beside decode steps, rows at their own
     positions) with k = 4: every stream's tokens are those of the prompt run alone."""
     import time
-    from engine.batcher import Batcher, SamplingParams
+    from engine.runtime.batcher import Batcher, SamplingParams
     model = tiny_model()
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 23, 40, 11)]

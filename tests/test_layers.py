@@ -10,8 +10,8 @@ from caches import (BUDGET_LEVELS, BUDGET_PATTERNS, LAYER_PATTERNS, POLICIES, La
                     build_caches, cache_nbytes, make_cache_factory, region_sizes)
 from conftest import DATA, run_cli, tiny_model, write_tiny_checkpoint
 from core.errors import UserError
-from engine.generation import Generator, Session, compile_decode, decode_one_token
-from engine.steps import steps
+from engine.runtime.generation import Generator, Session, compile_decode, decode_one_token
+from engine.runtime.steps import steps
 
 KJV = DATA / "kjv_genesis_1_2.txt"  # checked in: CI has no prepared corpora
 
@@ -133,7 +133,7 @@ def test_a_compiled_prompt_chunk_runs_its_blocks_through_one_nested_region(polic
     compression in each), and reads the prompt as the eager chunks do. Token steps run after
     the graph, every layer at once (one settle a chunk), not unrolled inside it. (Caches that
     compress a chunk in one pass read prompts layer by layer instead: the test below.)"""
-    import engine.generation as G
+    import engine.runtime.generation as G
     from caches.region import RegionCache
     torch._dynamo.reset()
     model = tiny_model(n_layer=6)
@@ -177,7 +177,7 @@ def test_compiled_prompts_read_layer_by_layer_compile_one_chunk_step(policy, opt
     graph per cache kind for a cache alone and one for a stack of layers at work, whatever the
     layers or the prompt's length), and its pieces' norms, linears and MLP through one graph
     each (whatever the layer or the piece's length), with the tokens of eager prompts."""
-    import engine.generation as G
+    import engine.runtime.generation as G
     from caches.attention import through_cache
     from model import block_input, block_output
     torch._dynamo.reset()

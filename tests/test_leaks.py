@@ -11,8 +11,8 @@ import torch
 
 from caches import POLICIES, make_cache_factory
 from conftest import tiny_model
-from engine.batcher import Batcher, SamplingParams
-from engine.generation import Session
+from engine.runtime.batcher import Batcher, SamplingParams
+from engine.runtime.generation import Session
 
 # What a stream may keep per token: its id in the session's token history (a list's 8-byte
 # pointer, and the list's spare room as it grows). A kept tensor costs hundreds of bytes.

@@ -9,8 +9,8 @@ import torch
 
 from caches import FullCache, build_caches, make_cache_factory
 from conftest import DATA
-from engine.checkpoint import load_model
-from engine.tokenizer import load_tokenizer
+from engine.loading.checkpoint import load_model
+from engine.loading.tokenizer import load_tokenizer
 from caches.attention import attend
 
 

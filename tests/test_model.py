@@ -12,8 +12,8 @@ import caches.attention as A
 from core import kernels as K
 from caches import build_caches, make_cache_factory
 from conftest import tiny_model
-from engine.generation import Generator, Session, decode_one_token, sample, settling
-from engine.prefill import prefill, prefill_bucket
+from engine.runtime.generation import Generator, Session, decode_one_token, sample, settling
+from engine.runtime.prefill import prefill, prefill_bucket
 
 
 def full_logits(model, ids, max_seq_length=64, make_cache=None):
@@ -169,7 +169,7 @@ def test_a_compiled_fresh_prompt_attends_causally_over_its_own_slots(monkeypatch
     than a padded graph), and a layered plan's compiled chunks (read chunk by chunk, as a
     prompt too short to read layer by layer is) keep the mask in their full layers. Logits
     equal eager ones."""
-    import engine.prefill as P
+    import engine.runtime.prefill as P
     monkeypatch.setattr(P, "BY_LAYER", False)
     torch._dynamo.reset()
     model = tiny_model()
@@ -605,7 +605,7 @@ def test_a_step_with_its_weights_baked_in_matches_eager_and_reads_its_caches_liv
     (the same subgraph for every layer: a short compile), and the heap each compile freed is
     given back once."""
     import torch._inductor.compile_fx as inductor
-    import engine.generation as G
+    import engine.runtime.generation as G
     from quantize.dense import PackedLinear, pack_dense_linears
     torch._dynamo.reset()
     trims, release = [], G.release_freed_heap
@@ -677,7 +677,7 @@ def test_a_loaded_model_keeps_its_weights_in_huge_pages(default_checkpoint):
     with oneDNN's bfloat16 kernel the linears also hold packed weights in oneDNN's opaque
     layout, memory oneDNN owns: those are left where oneDNN put them."""
     from core.tensors import misaligned, read_safetensors
-    from engine.checkpoint import WEIGHTS_NAME, load_model
+    from engine.loading.checkpoint import WEIGHTS_NAME, load_model
     model = load_model(default_checkpoint, dtype=torch.bfloat16)
     state = read_safetensors(default_checkpoint / WEIGHTS_NAME)
     for name, t in model.state_dict().items():

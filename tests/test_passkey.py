@@ -5,9 +5,9 @@ import torch
 from caches import make_cache_factory
 from conftest import DATA, tiny_model
 from core.errors import UserError
-from engine.passkey import (NEEDLE, PasskeyPrompt, build_cell_prompts, build_prompt, make_keys,
+from engine.evaluation.passkey import (NEEDLE, PasskeyPrompt, build_cell_prompts, build_prompt, make_keys,
                             parse_answer, run_cell)
-from engine.tokenizer import load_tokenizer
+from engine.loading.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

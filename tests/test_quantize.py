@@ -1,4 +1,4 @@
-"""Weight-only INT8/INT4 quantization (quantize/weights.py, quantize.py, engine.checkpoint)."""
+"""Weight-only INT8/INT4 quantization (quantize/weights.py, quantize.py, engine.loading.checkpoint)."""
 import json
 import shutil
 
@@ -10,7 +10,7 @@ from core import kernels
 from caches import build_caches
 from conftest import run_cli, tiny_model
 
-from engine.checkpoint import WEIGHTS_NAME, load_model
+from engine.loading.checkpoint import WEIGHTS_NAME, load_model
 from core.errors import UserError
 from quantize.weights import (Int4Linear, Int8Linear, QuantConfig, QuantizedLinear,
                               dequantize_int4, dequantize_int8, quantize_int4, quantize_int8,
@@ -44,7 +44,7 @@ def float_model(default_checkpoint):
 @pytest.fixture(scope="module")
 def quantized(default_checkpoint, tmp_path_factory):
     """The default model quantized once per mode: int8 through the CLI, int4 (g64) in process."""
-    from engine.checkpoint import quantize_checkpoint
+    from engine.loading.checkpoint import quantize_checkpoint
     root = tmp_path_factory.mktemp("quantized")
     proc = run_cli("quantize.py", "--checkpoint_path", default_checkpoint, "--mode", "int8",
                    "--out", root / "int8", env={"OMP_NUM_THREADS": "1"})
@@ -59,7 +59,7 @@ def test_a_quantized_checkpoint_keeps_its_float_weights_in_reach_of_the_peers(
     # writes them as Q8_0, with the metadata of the GGUF named by `source`): the config keeps
     # the float model's `source` and names the float checkpoint itself.
     import bench
-    from engine.checkpoint import read_config
+    from engine.loading.checkpoint import read_config
     cfg, float_cfg = read_config(quantized["int8"]), read_config(default_checkpoint)
     assert cfg["source"] == float_cfg["source"] and cfg["source"].startswith("gguf:")
     assert cfg["float_checkpoint"] == str(default_checkpoint)
@@ -81,8 +81,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def float_greedy(float_model, default_checkpoint):
-    from engine.generation import Generator
-    from engine.tokenizer import load_tokenizer
+    from engine.runtime.generation import Generator
+    from engine.loading.tokenizer import load_tokenizer
     ids = load_tokenizer(default_checkpoint).encode(PROMPT)
     n = max(SAME_TOKENS.values())
     ref = Generator(float_model, 64).generate(ids, n).new_ids[0]
@@ -101,7 +101,7 @@ def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def linear_inputs(float_model, default_checkpoint):
     """The input of every target linear while the float model reads PROMPT."""
-    from engine.tokenizer import load_tokenizer
+    from engine.loading.tokenizer import load_tokenizer
     ids = load_tokenizer(default_checkpoint).encode(PROMPT)
     inputs, hooks = {}, []
     for name in target_linears(float_model):
@@ -232,7 +232,7 @@ def test_quantized_checkpoint_round_trips(quantized, default_checkpoint, mode):
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_quantized_greedy_tokens_match_float(quantized, float_greedy, default_checkpoint, mode):
-    from engine.generation import Generator
+    from engine.runtime.generation import Generator
     ids, ref = float_greedy
     n = SAME_TOKENS[mode]
     model = load_model(quantized[mode])
@@ -293,7 +293,7 @@ def test_cli_errors(quantized, default_checkpoint, tmp_path):
 
 def test_checkpoint_errors(quantized, default_checkpoint, tmp_path):
     # The same UserError path as the CLI cases above, without a process each.
-    from engine.checkpoint import quantize_checkpoint
+    from engine.loading.checkpoint import quantize_checkpoint
     with pytest.raises(UserError, match="already quantized"):
         quantize_checkpoint(quantized["int8"], "int4", None, tmp_path / "x")
     with pytest.raises(UserError, match="int4 only"):
@@ -448,7 +448,7 @@ def test_compiled_few_row_steps_read_plain_weights_as_a_reduction(dtype, onednn,
     bfloat16): the same reduction, over the weight itself, and a float32 GEMM for more rows.
     (Both dtypes stream here, as on a CPU without AMX: see the next test.)"""
     import quantize.dense as dense
-    from engine.generation import compile_decode, decode_one_token
+    from engine.runtime.generation import compile_decode, decode_one_token
     from quantize.dense import (STREAM_ROWS, PackedLinear, pack_dense_linears,
                                 stream_compiled_decode)
     monkeypatch.setattr(kernels, "LINEARS", False)
@@ -519,7 +519,7 @@ def test_on_an_amx_cpu_compiled_bfloat16_steps_stay_on_onednn(dtype, monkeypatch
     are made; float32 still streams, as do plain-only bfloat16 linears (a CPU without oneDNN's
     bfloat16 kernel)."""
     import quantize.dense as dense
-    from engine.generation import compile_decode, decode_one_token
+    from engine.runtime.generation import compile_decode, decode_one_token
     from model import run_head
     from quantize.dense import PackedLinear, pack_dense_linears, stream_compiled_decode
     monkeypatch.setattr(kernels, "LINEARS", False)
@@ -593,7 +593,7 @@ def test_compiled_few_row_steps_call_the_gemv_kernel(dtype, onednn, monkeypatch)
     """Where the GEMV kernel builds, a compiled step of 1 or 2 rows streams every block linear
     and a tied head through it, in both dtypes (a plain copy beside oneDNN's, also where AMX
     keeps bfloat16 on oneDNN otherwise), with no stored norms; more rows stay on oneDNN."""
-    from engine.generation import compile_decode, decode_one_token
+    from engine.runtime.generation import compile_decode, decode_one_token
     from model import run_head
     from quantize.dense import (STREAM_ROWS, PackedLinear, pack_dense_linears,
                                 stream_compiled_decode)
@@ -684,7 +684,7 @@ def test_exact_matmul_of_bfloat16_is_the_float32_product_and_leaves_the_math_mod
 
 
 def test_loaded_float_model_is_packed_and_scores_as_unpacked(default_checkpoint):
-    from engine.generation import model_fingerprint
+    from engine.runtime.generation import model_fingerprint
     from quantize.dense import PackedLinear
     plain, packed = load_model(default_checkpoint, pack=False), load_model(default_checkpoint)
     assert not any(isinstance(m, PackedLinear) for m in plain.modules())

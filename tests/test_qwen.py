@@ -8,10 +8,10 @@ import torch
 from caches import build_caches
 from conftest import DATA, convert_in_fresh_home, run_cli
 from core.errors import UserError
-from engine.checkpoint import load_model, read_config
-from engine.convert import convert
-from engine.default_model import EMBEDDED, embedded_gguf, resolve_checkpoint
-from engine.tokenizer import load_tokenizer
+from engine.loading.checkpoint import load_model, read_config
+from engine.loading.convert import convert
+from engine.loading.default_model import EMBEDDED, embedded_gguf, resolve_checkpoint
+from engine.loading.tokenizer import load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
@@ -72,7 +72,7 @@ def test_assembled_once_and_converted(converted, monkeypatch, capsys):
     # Reused afterwards, by name and from the CLI's --checkpoint_path
     def no_conversion(*a, **k):
         raise AssertionError("converted again")
-    monkeypatch.setattr("engine.convert.convert", no_conversion)
+    monkeypatch.setattr("engine.loading.convert.convert", no_conversion)
     monkeypatch.setenv("REGIONKV_HOME", str(home))
     assert resolve_checkpoint(NAME) == path and embedded_gguf(NAME) == g
     assert capsys.readouterr().err == ""

@@ -8,11 +8,11 @@ import pytest
 
 from conftest import DATA, run_cli, write_tiny_checkpoint
 from core.errors import UserError
-from engine import ruler
-from engine.passkey import PromptTooShort
-from engine.ruler import TASKS, build_cell_prompts, build_prompt, parse_tasks, score
-from engine.sweep import ResultStore, load_config, run_sweep
-from engine.tokenizer import load_tokenizer
+from engine.evaluation.perplexity import ruler
+from engine.evaluation.passkey import PromptTooShort
+from engine.evaluation.ruler import TASKS, build_cell_prompts, build_prompt, parse_tasks, score
+from engine.evaluation.sweep import ResultStore, load_config, run_sweep
+from engine.loading.tokenizer import load_tokenizer
 from eval import main
 
 PNG = b"\x89PNG\r\n\x1a\n"

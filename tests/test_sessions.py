@@ -12,7 +12,7 @@ from torch._dynamo.testing import CompileCounter
 from caches import POLICIES, make_cache_factory
 from conftest import DATA, ROOT, tiny_model
 from core.errors import UserError
-from engine.generation import Generator, Session, compile_decode, decode_one_token
+from engine.runtime.generation import Generator, Session, compile_decode, decode_one_token
 
 COMPRESSING = [p for p in POLICIES if p != "full"]
 
@@ -194,8 +194,8 @@ QUESTIONS = ["Who created the heaven and the earth?", "What was upon the face of
 
 
 def test_saved_document_answers_like_a_fresh_read(default_checkpoint, tmp_path):
-    from engine.checkpoint import load_model
-    from engine.tokenizer import load_tokenizer
+    from engine.loading.checkpoint import load_model
+    from engine.loading.tokenizer import load_tokenizer
     model, tok = load_model(default_checkpoint), load_tokenizer(default_checkpoint)
     doc = tok.encode((DATA / "kjv_genesis_1_2.txt").read_text())[:200]
     make = make_cache_factory("weightedkv", cache_size=96, kv_middle="int8")
@@ -216,8 +216,8 @@ def test_saved_document_answers_like_a_fresh_read(default_checkpoint, tmp_path):
 
 @pytest.fixture(scope="module")
 def smol(default_checkpoint):
-    from engine.checkpoint import load_model
-    from engine.tokenizer import load_tokenizer
+    from engine.loading.checkpoint import load_model
+    from engine.loading.tokenizer import load_tokenizer
     return load_model(default_checkpoint), load_tokenizer(default_checkpoint)
 
 
@@ -225,7 +225,7 @@ def smol(default_checkpoint):
 def test_chat_appends_only_what_each_turn_adds(name, smol):
     # Whatever the policy, the session has read exactly the rendered conversation: each turn's
     # suffix, the model's own replies (end-of-turn token included) and nothing twice.
-    from engine.chat import Chat
+    from engine.runtime.chat import Chat
     model, tok = smol
     make = make_cache_factory(name, **({"cache_size": 48, "chunk": 8, "positions": "cache"}
                                        if name != "full" else {}))
@@ -287,7 +287,7 @@ def test_interactive_chat_in_a_terminal(default_checkpoint, tmp_path):
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
-    from engine.checkpoint import load_model
+    from engine.loading.checkpoint import load_model
     loaded = Session.load(tmp_path / "chat.safetensors", load_model(default_checkpoint))
     assert max(loaded.positions) == seen[-1]
 
@@ -298,7 +298,7 @@ sys.path.insert(0, sys.argv[1]); sys.path.insert(0, os.path.join(sys.argv[1], "t
 import torch
 from caches import make_cache_factory
 from conftest import tiny_model
-from engine.generation import Session
+from engine.runtime.generation import Session
 
 def rss_mib():
     with open("/proc/self/statm") as f:

@@ -9,8 +9,8 @@ from caches.h2o import H2OCache
 from caches.snapkv import keep_middle, observation_votes
 from conftest import tiny_model
 from core.errors import UserError
-from engine.generation import Generator, Session, compile_decode, decode_one_token
-from engine.steps import steps
+from engine.runtime.generation import Generator, Session, compile_decode, decode_one_token
+from engine.runtime.steps import steps
 from quantize.kv import dequantize_words
 
 COMPRESSING = [n for n in POLICIES if not POLICIES[n].keeps_every_token]
@@ -179,7 +179,7 @@ def test_a_one_shot_prompt_with_compiled_prompts_reads_through_the_compiled_piec
     attention eager: the logits and the caches eager's, up to the GEMMs' rounding. A session
     whose prompts are not compiled leaves the pieces alone."""
     from torch._dynamo.testing import CompileCounter
-    from engine.generation import compile_prompt, read_prompt
+    from engine.runtime.generation import compile_prompt, read_prompt
     torch._dynamo.reset()
     model = tiny_model()
     factory = make_cache_factory(name, cache_size=32, chunk=8, prompt_compression="snapkv",
@@ -221,7 +221,7 @@ def test_the_observation_window_is_a_setting_of_snapkv():
 
 def test_perplexity_after_a_prompt_scores_only_what_follows_it():
     from caches import build_caches
-    from engine.evaluation import streaming_perplexity
+    from engine.evaluation.perplexity import streaming_perplexity
     model = tiny_model()
     whole = streaming_perplexity(model, build_caches(model, 1, 160), PROMPT)
     after = streaming_perplexity(model, build_caches(model, 1, 160), PROMPT, prompt=60)
@@ -254,7 +254,7 @@ def test_a_compiled_one_shot_prompt_goes_through_the_prompt_graph(name):
     from torch._dynamo.testing import CompileCounter
 
     import caches.snapkv as snapkv
-    from engine.generation import compile_prompt
+    from engine.runtime.generation import compile_prompt
     torch._dynamo.reset()
     model = tiny_model(n_layer=2)
     factory = make_cache_factory(name, cache_size=32, chunk=8, prompt_compression="snapkv")

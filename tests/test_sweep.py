@@ -10,7 +10,7 @@ import pytest
 
 from conftest import DATA, run_cli, tiny_model
 from core.errors import UserError
-from engine.sweep import ResultStore, load_config, run_sweep
+from engine.evaluation.sweep import ResultStore, load_config, run_sweep
 from eval import main
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -19,7 +19,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory, default_checkpoint):
     from safetensors.torch import save_file
-    from engine.checkpoint import CONFIG_NAME, WEIGHTS_NAME, read_config
+    from engine.loading.checkpoint import CONFIG_NAME, WEIGHTS_NAME, read_config
 
     out = tmp_path_factory.mktemp("tiny_ckpt")
     cfg = read_config(default_checkpoint)
@@ -189,7 +189,7 @@ def test_shipped_configs_are_valid():
 
     from caches import POLICIES, fit_to_bytes
     from conftest import ROOT, tiny_args
-    from engine.sweep import mib_budget
+    from engine.evaluation.sweep import mib_budget
     grid = load_config(ROOT / "configs" / "results.toml")
     qwen = load_config(ROOT / "configs" / "qwen.toml")
     for cfg, shape in ((grid, dict(n_layer=30, n_head=9, n_kv_heads=3, head_dim=64)),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import UserError
-from engine.tokenizer import load_tokenizer, prepare_gguf_tokenizer, prepare_hf_tokenizer
+from engine.loading.tokenizer import load_tokenizer, prepare_gguf_tokenizer, prepare_hf_tokenizer
 
 DATA = Path(__file__).resolve().parent / "data"
 KJV = (DATA / "kjv_genesis_1_2.txt").read_text(encoding="utf-8")  # public-domain KJV, ~7.5 KB
@@ -549,7 +549,7 @@ def test_streaming_detokenizer_emits_exactly_the_decoded_text(kind, smol_ours, s
                                                              llama3_ours):
     # Token by token, what it emits adds up to decoding the whole: leading spaces (SentencePiece),
     # bytes split across tokens (UTF-8 held back until complete) and special tokens included.
-    from engine.tokenizer import StreamingDetokenizer
+    from engine.loading.tokenizer import StreamingDetokenizer
     tok = {"smollm2": smol_ours, "sentencepiece": spm_ours, "llama3": llama3_ours}[kind]
     tok = tok[0] if isinstance(tok, tuple) else tok
     for text in [TEXT, *EDGE, "naïve café 日本語 🙂🙂 end"]:

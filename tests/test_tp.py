@@ -81,7 +81,7 @@ def test_the_compiled_step_with_collectives_matches_and_compiles_once(tiny_ckpt,
 # int4 (slow) shards as int8 does: the same packed layout, half the bytes
 @pytest.mark.parametrize("mode", ["int8", pytest.param("int4", marks=pytest.mark.slow)])
 def test_quantized_checkpoints_shard(tiny_ckpt, tmp_path, mode):
-    from engine.checkpoint import quantize_checkpoint
+    from engine.loading.checkpoint import quantize_checkpoint
     q = quantize_checkpoint(tiny_ckpt, mode, out=tmp_path / f"q-{mode}")
     one, two = matrix(q, tmp_path, 1), matrix(q, tmp_path, 2)
     # The packed kernels compute in bfloat16, so partial sums over ranks round differently:
@@ -181,7 +181,7 @@ def test_an_incomplete_torchrun_environment_is_one_line(tiny_ckpt):
 
 def test_the_shards_hold_each_ranks_heads():
     # in-process, world of 2 faked: rank 1's wqkv rows are the second half of q, k and v
-    from engine.tp import TP, shard_model
+    from engine.runtime.tp import TP, shard_model
     model = tiny_model(**{**TINY, "vocab_size": 256})
     full = model.layers[0].attention.wqkv.weight.detach().clone()
     w2 = model.layers[0].feed_forward.w2.weight.detach().clone()

@@ -13,10 +13,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from caches import POLICIES, build_caches, make_cache_factory  # noqa: E402
-from engine.checkpoint import load_model  # noqa: E402
-from engine.evaluation import streaming_perplexity  # noqa: E402
-from engine.generation import Generator  # noqa: E402
-from engine.tp import finish, start  # noqa: E402
+from engine.loading.checkpoint import load_model  # noqa: E402
+from engine.evaluation.perplexity import streaming_perplexity  # noqa: E402
+from engine.runtime.generation import Generator  # noqa: E402
+from engine.runtime.tp import finish, start  # noqa: E402
 
 MATRIX = [(p, "model") for p in POLICIES] + [("weightedkv", "int8"), ("h2o", "int8")]
 

@@ -93,7 +93,7 @@ _built: bool | None = None
 
 def available() -> bool:
     """Build (or load the cached build of) decode.cpp once; False, with one warning, if not.
-    The engine calls it before it compiles (engine.generation); a trace that meets it first
+    The engine calls it before it compiles (engine.runtime.generation); a trace that meets it first
     cannot build, and reads reductions (dynamo guards on the outcome: a later build retraces)."""
     global _built
     if _built is None:

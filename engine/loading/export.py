@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from core.errors import UserError
-from engine.convert import GGUF_ARCHITECTURES, GGUF_LAYER_NAMES
+from engine.loading.convert import GGUF_ARCHITECTURES, GGUF_LAYER_NAMES
 
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0")
 # Written by the writer itself, or describing the tensors, which are ours now.
@@ -25,7 +25,7 @@ _SKIPPED_KEYS = ("general.architecture", "general.file_type", "general.quantizat
 
 
 def _permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """The half-split RoPE rows of model.py -> Meta's interleaved rows (engine.convert's
+    """The half-split RoPE rows of model.py -> Meta's interleaved rows (engine.loading.convert's
     _unpermute, inverted)."""
     rows, cols = w.shape
     return w.view(n_heads, 2, rows // n_heads // 2, cols).transpose(1, 2).reshape(rows, cols)

@@ -115,7 +115,7 @@ def decode_greedy(model, tokenizer, make_cache, prompts: list, new_tokens: int,
     one row)."""
     import time
 
-    from engine.generation import Generator
+    from engine.runtime.generation import Generator
 
     length = len(prompts[0])
     context = model.args.max_position_embeddings

@@ -2,7 +2,7 @@
 
 config.json:
     {"format": "regionkv", "version": 1, "architecture": "llama",
-     "model": {ModelArgs fields}, "tokenizer": {see engine/tokenizer.py},
+     "model": {ModelArgs fields}, "tokenizer": {see engine/loading/tokenizer.py},
      "quantization": null, "source": "where it was converted from"}
 Weights use the engine's module names (model.py); output.weight is absent when embeddings are tied.
 A checkpoint made by quantize.py has "quantization": {"mode": "int8"|"int4", "groupsize": G|null}
@@ -19,7 +19,7 @@ import torch
 from core.errors import UserError
 from core.memory import move_to_huge_pages
 from core.tensors import read_safetensors
-from engine.files import publish_dir, save_weights, staging_dir
+from engine.loading.files import publish_dir, save_weights, staging_dir
 from model import ModelArgs, Transformer
 from quantize.dense import pack_dense_linears
 from quantize.weights import (QuantConfig, QuantizedLinear, pack_model, quantize_state_dict,
@@ -81,7 +81,7 @@ def quant_config(cfg: dict):
 def load_model(checkpoint_dir, device="cpu", dtype=torch.float32, pack: bool = True,
                tp=None) -> Transformer:
     """Load a checkpoint; `dtype` is the activation (and float weight) dtype. With `tp` (an
-    engine.tp.TP), keep this rank's shard of every block (before packing quantized weights).
+    engine.runtime.tp.TP), keep this rank's shard of every block (before packing quantized weights).
 
     A quantized checkpoint (config "quantization") gets Int8Linear/Int4Linear modules in place of
     its linears, loaded strictly from the storage format and, with `pack`, converted on `device`
@@ -96,7 +96,7 @@ def load_model(checkpoint_dir, device="cpu", dtype=torch.float32, pack: bool = T
     if not weights.is_file():
         raise UserError(f"{str(path)!r} has no {WEIGHTS_NAME}; re-run convert_hf.py")
     if tp is not None:
-        from engine.tp import check_divides
+        from engine.runtime.tp import check_divides
         check_divides(tp, args, qconfig)
     with torch.device("meta"):
         model = Transformer(args)
@@ -129,7 +129,7 @@ def load_model(checkpoint_dir, device="cpu", dtype=torch.float32, pack: bool = T
     if args.tie_embeddings and qconfig is None:
         model.output.weight = model.tok_embeddings.weight
     if tp is not None:
-        from engine.tp import shard_model
+        from engine.runtime.tp import shard_model
         shard_model(model, tp)
     model = model.to(device=device).eval()
     if pack:

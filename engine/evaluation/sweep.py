@@ -24,7 +24,7 @@ Config (TOML or JSON), every key optional except `policies` and `corpora`:
     corpus = "wiki"  lengths = [1024, 2048]  depths = [0.1, 0.5, 0.9]  trials = 5  seed = 0
     cache_sizes = [...]  policies = [...]   # default: the top-level ones
     new_tokens = 8  batch_size = 0          # 0: all trials x depths of a cell in one batch
-    [ruler]                         # optional: synthetic tasks of engine/ruler.py
+    [ruler]                         # optional: synthetic tasks of engine/evaluation/ruler.py
     corpus = "wiki"  lengths = [1024, 2048]  trials = 2  seed = 0   # corpus: the haystack
     tasks = ["niah_multikey", "niah_multivalue", "variable_tracking", "common_words"]  # default
     cache_sizes = [...]  policies = [...]   # default: the top-level ones
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Optional
 
 from core.errors import UserError
-from engine.files import check_writable, write_atomic
+from engine.loading.files import check_writable, write_atomic
 
 POLICY_KEYS = ("kv_middle", "positions", "sink", "window", "prefill_chunk", "prompt_compression",
                "observation_window", "budget_pattern", "layer_pattern",
@@ -206,21 +206,21 @@ class PasskeyConfig(GridConfig):
 
 @dataclass(kw_only=True)
 class RulerConfig(GridConfig):
-    tasks: list = field(default_factory=list)  # default: every task of engine/ruler.py
+    tasks: list = field(default_factory=list)  # default: every task of engine/evaluation/ruler.py
     trials: int = 2
-    new_tokens: Optional[int] = None  # None: each task's own (engine.ruler.TASKS)
+    new_tokens: Optional[int] = None  # None: each task's own (engine.evaluation.ruler.TASKS)
 
     def __post_init__(self):
-        from engine.ruler import TASKS
+        from engine.evaluation.ruler import TASKS
         self.tasks = list(self.tasks or TASKS)
 
     def tokens(self, task: str) -> int:
-        from engine.ruler import TASKS
+        from engine.evaluation.ruler import TASKS
         return self.new_tokens or TASKS[task].new_tokens
 
     @property
     def needs_haystack(self) -> bool:
-        from engine.ruler import TASKS
+        from engine.evaluation.ruler import TASKS
         return any(TASKS[t].haystack for t in self.tasks)
 
 
@@ -384,7 +384,7 @@ def _passkey_config(raw, cfg: SweepConfig, where: str) -> PasskeyConfig:
 
 
 def _ruler_config(raw, cfg: SweepConfig, where: str) -> RulerConfig:
-    from engine.ruler import parse_tasks
+    from engine.evaluation.ruler import parse_tasks
     _section(raw, RULER_KEYS, where)
     tasks = raw.get("tasks")
     if tasks is not None:
@@ -481,10 +481,10 @@ class Setup:
     loaded on first use (a fully resumed sweep never loads it)."""
 
     def __init__(self, cfg_like):
-        from engine.checkpoint import model_args, read_config
+        from engine.loading.checkpoint import model_args, read_config
         from engine.cli import resolve_device, resolve_dtype
-        from engine.default_model import resolve_checkpoint
-        from engine.tokenizer import load_tokenizer
+        from engine.loading.default_model import resolve_checkpoint
+        from engine.loading.tokenizer import load_tokenizer
         self.device = resolve_device(cfg_like.device)
         self.dtype = resolve_dtype(cfg_like.dtype, self.device)
         self.checkpoint = str(resolve_checkpoint(cfg_like.checkpoint_path))
@@ -499,7 +499,7 @@ class Setup:
     @property
     def model(self):
         if self._model is None:
-            from engine.checkpoint import load_model
+            from engine.loading.checkpoint import load_model
             self._model = load_model(self.checkpoint, device=self.device, dtype=self.dtype)
         return self._model
 
@@ -521,7 +521,7 @@ def run_sweep(cfg: SweepConfig) -> dict:
     from tqdm import tqdm
 
     from caches import build_caches
-    from engine.evaluation import (batched_full_perplexity, batched_streaming_perplexity,
+    from engine.evaluation.perplexity import (batched_full_perplexity, batched_streaming_perplexity,
                                    compile_step, corpus_path,
                                    downsample_curve, encode_prefix, read_text, score_step,
                                    warmup)
@@ -665,7 +665,7 @@ def run_sweep(cfg: SweepConfig) -> dict:
 
 def _haystack_text(grid, corpus_dir) -> str:
     """The haystack of a passkey or ruler section."""
-    from engine.evaluation import corpus_path, read_text
+    from engine.evaluation.perplexity import corpus_path, read_text
     if grid.corpus is not None:
         return read_text(corpus_path(grid.corpus, corpus_dir), f"corpus {grid.corpus}")
     return read_text(grid.text_file)
@@ -673,7 +673,7 @@ def _haystack_text(grid, corpus_dir) -> str:
 
 def _haystack_pool(tokenizer, haystack_text: Optional[str], lengths: list) -> list:
     # Enough text that trial offsets differ: four times the longest prompt.
-    from engine.evaluation import encode_prefix
+    from engine.evaluation.perplexity import encode_prefix
     if haystack_text is None:
         return []
     return encode_prefix(tokenizer, haystack_text, 4 * max(lengths))
@@ -687,7 +687,7 @@ def _check_context(what: str, length: int, new_tokens: int, context: int) -> Non
 
 def check_passkey_prompts(tokenizer, pk: PasskeyConfig, haystack_text: str,
                           context: int) -> None:
-    from engine.passkey import build_cell_prompts
+    from engine.evaluation.passkey import build_cell_prompts
     _check_context("passkey", max(pk.lengths), pk.new_tokens, context)
     pool = _haystack_pool(tokenizer, haystack_text, pk.lengths)
     for length in pk.lengths:
@@ -697,7 +697,7 @@ def check_passkey_prompts(tokenizer, pk: PasskeyConfig, haystack_text: str,
 def check_ruler_prompts(tokenizer, rc: RulerConfig, haystack_text: Optional[str],
                         context: int) -> None:
     """Every task, length and trial builds and fits the context, before anything runs."""
-    from engine.ruler import build_cell_prompts
+    from engine.evaluation.ruler import build_cell_prompts
     longest = max(rc.tasks, key=rc.tokens)  # the longest answer bounds every length
     _check_context(longest, max(rc.lengths), rc.tokens(longest), context)
     pool = _haystack_pool(tokenizer, haystack_text, rc.lengths)
@@ -759,7 +759,7 @@ def run_passkey_grid(env: Setup, pk: PasskeyConfig, store: Optional[ResultStore]
                      on_cell=None) -> tuple:
     """Run every missing (policy, size, length) cell, all trials x depths batched; append each
     to store (if given) and pass it to on_cell. Returns (cells run, prompt + new tokens)."""
-    from engine.passkey import build_cell_prompts, run_cell
+    from engine.evaluation.passkey import build_cell_prompts, run_cell
 
     pool = _haystack_pool(env.tokenizer, haystack_text, pk.lengths)
     fields = {"haystack": pk.corpus or pk.text_file, "haystack_sha1": ids_sha1(pool),
@@ -785,7 +785,7 @@ def run_ruler_grid(env: Setup, rc: RulerConfig, store: Optional[ResultStore], ba
                    haystack_text: Optional[str], compile: bool = False, on_cell=None) -> tuple:
     """Run every missing (policy, size, task, length) cell, its trials batched; append each to
     store (if given) and pass it to on_cell. Returns (cells run, prompt + new tokens)."""
-    from engine.ruler import TASKS, build_cell_prompts, run_cell
+    from engine.evaluation.ruler import TASKS, build_cell_prompts, run_cell
 
     pool = _haystack_pool(env.tokenizer, haystack_text, rc.lengths)
     # Every policy reads the same prompts; their hash keys the cells, so a change of haystack,
@@ -857,7 +857,7 @@ def expand_full(acc: dict, sizes: list) -> dict:
 
 def render(cfg: SweepConfig) -> list:
     """Markdown table + PNG plots from the JSONL rows that match cfg. Returns written paths."""
-    from engine import plots
+    from engine.evaluation.perplexity import plots
 
     store = ResultStore(cfg.out_dir / "results.jsonl")
     rows = store.rows()

@@ -5,7 +5,7 @@ The model (model.py) only runs its layers, each asking its cache to attend. The 
 `forward(model, ...)` instead of `model(...)`: it tells caches whose work falls on some
 positions only which step this is (`before_step`), lets an eager step's caches compress
 together after the last layer (`settle`), and sends a single token through the compiled step
-graph when one was made (engine.generation.compile_decode). Called directly, the model gives
+graph when one was made (engine.runtime.generation.compile_decode). Called directly, the model gives
 the same logits, each cache compressing on its own.
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from caches import build_caches
 from caches.base import KVCache
-from engine.steps import forward
+from engine.runtime.steps import forward
 
 
 class LossProbe(KVCache):

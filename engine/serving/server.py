@@ -2,7 +2,7 @@
 
 This layer only translates: JSON requests into token ids and SamplingParams, the Batcher's
 token events into OpenAI responses (whole or as server-sent events), engine errors into
-OpenAI's error shape. Scheduling, caches and sampling live in engine/batcher.py.
+OpenAI's error shape. Scheduling, caches and sampling live in engine/runtime/batcher.py.
 
     GET  /v1/models             the one model served
     POST /v1/completions        prompt -> text
@@ -24,8 +24,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 
 from core.errors import UserError, as_flags
-from engine.batcher import Batcher, QueueFull, SamplingParams
-from engine.tokenizer import StopText
+from engine.runtime.batcher import Batcher, QueueFull, SamplingParams
+from engine.loading.tokenizer import StopText
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 

@@ -2,7 +2,7 @@
 layer as a wavefront, or in one shot (a prompt's last queries choose what a layer keeps).
 
 `read_prompt` picks the way each cache reads a prompt; `read_by_layer` runs the wavefront; a
-compiled prompt (engine.generation.compile_prompt) goes through the same functions with its
+compiled prompt (engine.runtime.generation.compile_prompt) goes through the same functions with its
 compiled pieces.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from caches.full import FullCache
 from caches.region import RegionCache
 from caches.snapkv import PromptCapture, compresses_whole, keep_middle, keeps_all, needs_votes, \
     observation_votes
-from engine.steps import forward, steps
+from engine.runtime.steps import forward, steps
 from model import Transformer, block_input, block_output, run_head
 
 MIN_PREFILL_BUCKET = 16
@@ -152,7 +152,7 @@ def read_by_layer(model: Transformer, idx: Tensor, input_pos: Tensor, caches, ch
     cache's prompt chunks), layer by layer: each layer's linears run once on a piece of
     `piece` rows (a multiple of `chunk`; all T rows by default), and its cache takes the
     piece's chunks one after another, each through `step` (through_cache, or it compiled:
-    engine.generation.compile_prompt); `parts` are a block's before and after its cache
+    engine.runtime.generation.compile_prompt); `parts` are a block's before and after its cache
     (block_input, block_output, or them compiled). A layer reads only its own cache, so
     this is forward called chunk by chunk, up to the GEMMs' rounding, with every weight
     read once a piece instead of once a chunk.

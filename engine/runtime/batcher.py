@@ -40,9 +40,9 @@ from torch import Tensor
 
 from caches import CacheFactory, build_caches, make_cache_factory
 from caches.snapkv import compresses_whole
-from engine.generation import (check_prompt, compile_decode, compile_prompt, prefill,
+from engine.runtime.generation import (check_prompt, compile_decode, compile_prompt, prefill,
                                prefill_chunk, read_prompt, row_view, warmup_positions)
-from engine.steps import forward, reset_steps
+from engine.runtime.steps import forward, reset_steps
 
 DEFAULT_PREFILL_TOKENS = 512
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from core.errors import UserError
-from engine.generation import Generation, Session
+from engine.runtime.generation import Generation, Session
 
 
 class Chat:

@@ -1,6 +1,6 @@
 """PNG plots of sweep results (matplotlib, Agg backend), each written atomically.
 
-Inputs are plain dicts built by engine.sweep from the JSONL rows, so plots can be redrawn
+Inputs are plain dicts built by engine.evaluation.sweep from the JSONL rows, so plots can be redrawn
 from a results file alone.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 
-from engine.files import atomic_path  # noqa: E402
+from engine.loading.files import atomic_path  # noqa: E402
 
 
 def save(fig, path) -> Path:

@@ -355,7 +355,7 @@ def _special_splitter(specials: dict[str, int]):
 
 def load_tokenizer(checkpoint_dir) -> Tokenizer:
     """The tokenizer of an engine checkpoint directory (config.json's "tokenizer" section)."""
-    from engine.checkpoint import read_config
+    from engine.loading.checkpoint import read_config
 
     path = Path(checkpoint_dir)
     cfg_path = path / CONFIG_NAME

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from core.errors import UserError
-from engine.passkey import PromptTooShort, decode_greedy, haystack_slices, place_needles
+from engine.evaluation.passkey import PromptTooShort, decode_greedy, haystack_slices, place_needles
 
 NIAH_PREFACE = ("Some special magic numbers are hidden inside the following text. Find them and "
                 "memorize them. I will ask you about them afterwards.\n\n")

@@ -63,7 +63,7 @@ def _part_path(model: EmbeddedModel, package: str, file: str) -> Path:
 def embedded_gguf(name: str = DEFAULT) -> Path:
     """The GGUF file of an embedded model; a model in several parts is concatenated once into
     $REGIONKV_HOME/gguf (atomically: a reader never sees half of it)."""
-    from engine.files import atomic_path
+    from engine.loading.files import atomic_path
     model = EMBEDDED[name]
     parts = [_part_path(model, pkg, f) for pkg, f in model.parts]
     if len(parts) == 1:
@@ -88,8 +88,8 @@ def embedded_checkpoint(name: str = DEFAULT) -> Path:
     """The converted checkpoint of an embedded model, converting it (float32) on first use."""
     import json
 
-    from engine.checkpoint import CONFIG_NAME, FORMAT_VERSION
-    from engine.convert import OutputExistsError, convert
+    from engine.loading.checkpoint import CONFIG_NAME, FORMAT_VERSION
+    from engine.loading.convert import OutputExistsError, convert
 
     ckpt = regionkv_home() / "checkpoints" / EMBEDDED[name].checkpoint_name
     stale = False
@@ -129,14 +129,14 @@ def resolve_checkpoint(path_or_name: Optional[str]) -> Path:
 
 
 def main() -> None:
-    """`python -m engine.default_model NAME [--gguf]`: convert an embedded model (or assemble
+    """`python -m engine.loading.default_model NAME [--gguf]`: convert an embedded model (or assemble
     its GGUF) and print the path."""
     import argparse
     p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     p.add_argument("name", choices=list(EMBEDDED))
     p.add_argument("--gguf", action="store_true", help="print the GGUF file, do not convert")
     args = p.parse_args()
-    from engine.cli import run
+    from core.entry import run
     run(lambda: print(embedded_gguf(args.name) if args.gguf else embedded_checkpoint(args.name)))
 
 

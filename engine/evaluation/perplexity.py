@@ -19,10 +19,10 @@ import torch
 from torch import Tensor
 
 from core.errors import UserError
-from engine.steps import forward
+from engine.runtime.steps import forward
 from model import Transformer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CORPUS_DIR = ROOT / "data" / "corpora"
 CORPUS_NAMES = ("kjv", "wiki")  # what scripts/prepare_corpora.py writes (tested to agree)
 
@@ -36,15 +36,15 @@ def score_step(model: Transformer, caches, token: Tensor, input_pos: Tensor, tar
 
 def compile_step(fn, model: Transformer, caches, rows: int = 1):
     """Compile a decode-style step of `rows` streams for the model's device
-    (engine.generation.compile_decode)."""
-    from engine.generation import compile_decode
+    (engine.runtime.generation.compile_decode)."""
+    from engine.runtime.generation import compile_decode
     return compile_decode(fn, model, caches=caches, rows=rows)
 
 
 @torch.inference_mode()
 def warmup(model: Transformer, caches, step, batch_size: int) -> float:
     """Run (compile) the step so timings exclude compilation; caches are reset after."""
-    from engine.generation import warmup_positions
+    from engine.runtime.generation import warmup_positions
     dev = model.device
     t0 = time.perf_counter()
     token = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
@@ -87,7 +87,7 @@ def batched_streaming_perplexity(model: Transformer, caches, streams: list, step
     prompt > 0: the first `prompt` tokens are read as one prompt, as generation reads it (the
     caches' prompt compression), and only the tokens after it are scored.
     progress(n, nlls) is called after every step with n scored positions and nlls [n, B]."""
-    from engine.generation import read_prompt
+    from engine.runtime.generation import read_prompt
     B, n = _stream_shape(streams)
     if not 0 <= prompt < n:
         raise UserError(f"a prompt of {prompt} tokens leaves nothing to score in {n}; give "

@@ -28,10 +28,10 @@ from typing import Callable, Optional
 
 import torch
 
-from engine.checkpoint import CONFIG_NAME, FORMAT, FORMAT_VERSION, WEIGHTS_NAME
-from engine.cli import DTYPES
+from engine.loading.checkpoint import CONFIG_NAME, FORMAT, FORMAT_VERSION, WEIGHTS_NAME
 from core.errors import UserError
-from engine.files import publish_dir, save_weights, staging_dir
+from core.tensors import DTYPES
+from engine.loading.files import publish_dir, save_weights, staging_dir
 from model import ModelArgs, Transformer, rope_frequencies
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -361,7 +361,7 @@ def _hf_default_dtype(cfg: dict, tensors: _HFTensors) -> torch.dtype:
 
 
 def _convert_hf_dir(d: Path, out: Path, dtype: Optional[torch.dtype], log):
-    from engine.tokenizer import prepare_hf_tokenizer
+    from engine.loading.tokenizer import prepare_hf_tokenizer
 
     cfg_path = d / "config.json"
     if not cfg_path.is_file():
@@ -486,7 +486,7 @@ def _convert_gguf(path: Path, out: Path, dtype: torch.dtype, log):
     import gguf
     import numpy as np
 
-    from engine.tokenizer import prepare_gguf_tokenizer
+    from engine.loading.tokenizer import prepare_gguf_tokenizer
 
     try:
         reader = gguf.GGUFReader(str(path))

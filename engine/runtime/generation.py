@@ -28,8 +28,8 @@ from caches.region import RegionCache
 from core.errors import UserError
 from caches.attention import through_cache
 from core import kernels
-from engine.prefill import (prefill, prefill_chunk, read_prompt, settle_left)
-from engine.steps import forward, reset_steps, run, steps
+from engine.runtime.prefill import (prefill, prefill_chunk, read_prompt, settle_left)
+from engine.runtime.steps import forward, reset_steps, run, steps
 from model import Transformer, block_input, block_output
 from quantize.dense import STREAM_ROWS, baking, baking_backend, stream_compiled_decode
 
@@ -207,7 +207,7 @@ def compile_prompt(model: Transformer, backend="inductor") -> Callable:
     steps its caches leave out of the graph run after it (`settling`). Prompts that
     `read_prompt` takes layer by layer go through the model's `steps(model).chunk`, set here:
     one layer's step through its cache over a chunk, compiled once for every layer (the token
-    steps it leaves settle in engine.prefill.read_by_layer, with the other layers')."""
+    steps it leaves settle in engine.runtime.prefill.read_by_layer, with the other layers')."""
     allow_many_graphs()
     if model.device.type == "cpu":
         kernels.available()  # built before a trace asks (a trace cannot build)
@@ -526,7 +526,7 @@ class Session:
         next logits, token history) to a safetensors file, atomically."""
         from safetensors.torch import save_file
 
-        from engine.files import atomic_path
+        from engine.loading.files import atomic_path
         tensors = {f"layers.{i}.{name}": t.contiguous().cpu()
                    for i, c in enumerate(self.caches) for name, t in c.state().items()}
         tensors["session.lengths"] = torch.tensor([len(t) for t in self.tokens], dtype=torch.long)

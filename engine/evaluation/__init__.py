@@ -1,0 +1,1 @@
+"""Evaluation: streaming perplexity, passkey retrieval, RULER-style tasks, attention loss, sweeps and plots."""

@@ -1,0 +1,1 @@
+"""Loading models: checkpoints, conversion, the embedded default models, tokenizers, files."""

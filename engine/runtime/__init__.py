@@ -1,0 +1,1 @@
+"""Running the model: sessions and generation, prompt reading, compiled steps, chat, batching, tensor parallelism."""

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server over the batcher."""
