@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 
-from engine.cli import (CHECKPOINT_HELP, DTYPES, POLICY_OPTIONS, REGION_FLAGS, Parser,
+from engine.cli import (CHECKPOINT_HELP, DTYPES, REGION_FLAGS, Parser,
                         add_bake_argument, add_cache_arguments, cache_factory_from_args,
                         comma_list, layer_report, list_caches, positive_int, resolve_device,
-                        resolve_dtype, run, size_cache_from_mib)
+                        policy_option_names, resolve_dtype, run, size_cache_from_mib)
 from core.errors import UserError
 from core.memory import empty_on_huge_pages
 
@@ -112,7 +112,7 @@ def policy_factories(args, notes: list, cfg: dict = None, dtype=None) -> dict:
         "positions": lambda c: args.positions == "original" or c != "full",
         **{o: (lambda c, o=o: getattr(args, o) is None or any(o in policy_options(p)
                                                                for p in parts(c)))
-           for o in POLICY_OPTIONS},
+           for o in policy_option_names()},
         **{o: (lambda c, o=o: getattr(args, o) is None or c != "full")
            for o in (*REGION_FLAGS, "budget_pattern")},
         "layer_pattern": lambda c: args.layer_pattern is None or len(parts(c)) > 1,
@@ -145,7 +145,7 @@ def policy_factories(args, notes: list, cfg: dict = None, dtype=None) -> dict:
         ns = argparse.Namespace(**vars(args))
         ns.cache, ns.window, ns.kv_middle = "streaming", None, "model"
         ns.layer_pattern = ns.budget_pattern = None  # uniform: the plain baseline
-        for o in POLICY_OPTIONS:
+        for o in policy_option_names():
             setattr(ns, o, None)
         if cfg is not None:
             size_cache_from_mib(ns, cfg, dtype)

@@ -54,7 +54,21 @@ def describe(name: str) -> str:
 
 
 def policy_options(name: str) -> dict:
-    return dict(POLICIES[name].options)
+    """The options policy `name` declares (caches.base.Option), by name."""
+    return {o.name: o for o in POLICIES[name].options}
+
+
+def all_options() -> dict:
+    """Every option some policy declares: name -> (the Option, the policies that take it).
+    Two policies may share an option only if they declare it alike."""
+    out = {}
+    for policy, cls in POLICIES.items():
+        for o in cls.options:
+            if o.name in out and out[o.name][0] != o:
+                raise TypeError(f"option {o.name!r} of {policy} differs from "
+                                f"{out[o.name][1][0]}'s")
+            out.setdefault(o.name, (o, []))[1].append(policy)
+    return out
 
 
 def region_sizes(name: str, cache_size: int, sink=None, window=None) -> tuple[int, int, int]:
@@ -183,6 +197,8 @@ def make_cache_factory(name: str, *, cache_size: int = DEFAULT_CACHE_SIZE, sink=
         raise UserError(f"`compression_interval` must be an integer between 1 and the prefill "
                         f"chunk ({chunk}): the tokens waiting for a pass stay in its staging "
                         f"slots; got {compression_interval!r}")
+    for key, value in options.items():
+        allowed[key].check(value)
     cls.check_options(window, **options)
     int8 = kv_middle == "int8" or getattr(cls, "always_int8", False)
     spec = dict(policy=name, cache_size=cache_size, sink=sink, window=window, kv_middle=kv_middle,
@@ -285,7 +301,7 @@ class LayeredFactory(CacheFactory):
                 factory = make_cache_factory(name, positions=s["positions"])
             else:
                 opts = {k: v for k, v in s.items() if k not in (
-                    "cache_size", "kv_middle") and (k in _REGION_KEYS or k in cls.options)}
+                    "cache_size", "kv_middle") and (k in _REGION_KEYS or k in policy_options(name))}
                 kv = s["kv_middle"] if cls.has_middle else "model"
                 try:
                     factory = make_cache_factory(name, cache_size=budget, kv_middle=kv, **opts)

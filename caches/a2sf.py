@@ -1,7 +1,7 @@
 from torch import Tensor
 
+from caches.base import Option
 from caches.region import RegionCache
-from core.errors import UserError
 
 
 class A2SFCache(RegionCache):
@@ -17,15 +17,10 @@ class A2SFCache(RegionCache):
     stats = ("s",)
     wants_probs = True
     exact_bulk = True
-    options = {"forgetting_factor": 0.2}
+    # Above 1, old attention would grow instead of fading; 1 is H2O.
+    options = (Option("forgetting_factor", float, 0.2, "older attention fades by it each step",
+                      min=0, max=1),)
     description = "evict the lowest attention score accumulated with a forgetting factor"
-
-    @classmethod
-    def check_options(cls, window: int, forgetting_factor: float = 0.2) -> None:
-        # Above 1, old attention would grow instead of fading; 1 is H2O.
-        if not 0 <= forgetting_factor <= 1:
-            raise UserError(f"`forgetting_factor` must be in [0, 1] (older attention fades by "
-                            f"it each step), got {forgetting_factor}")
 
     def __init__(self, *args, forgetting_factor: float = 0.2, **kw):
         super().__init__(*args, **kw)

@@ -31,13 +31,53 @@ moves it, and `state()` is everything a saved session needs.
 from __future__ import annotations
 
 import copy
+import math
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 
 from caches.attention import KVSegment, KVView, attend  # noqa: F401  (KVSegment: for policies)
+from core.errors import UserError
 from model import apply_rope  # noqa: F401
+
+
+@dataclass(frozen=True)
+class Option:
+    """A policy's option, declared once in its policy's file: every tool's command-line flag
+    (--NAME), the sweep's key, --list_caches and the range check are made from it. default None:
+    derived from the cache's regions, as `help` says."""
+    name: str
+    type: type  # int or float
+    default: object
+    help: str
+    min: Optional[float] = None    # lowest value allowed
+    above: Optional[float] = None  # a bound the value must exceed
+    max: Optional[float] = None    # highest value allowed
+
+    def check(self, value) -> None:
+        """Raise UserError for a value of the wrong type or outside the declared range (NaN
+        included)."""
+        if self.type is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise UserError(f"`{self.name}` must be an integer, got {value!r}")
+        if self.type is float and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                   or not math.isfinite(value)):
+            raise UserError(f"`{self.name}` must be a finite number, got {value!r}")
+        ok = (self.min is None or value >= self.min) and \
+            (self.above is None or value > self.above) and (self.max is None or value <= self.max)
+        if not ok:
+            raise UserError(f"`{self.name}` must be {self.range()} ({self.help}), got {value}")
+
+    def range(self) -> str:
+        low = "[" if self.min is not None else "("
+        lo = self.min if self.min is not None else self.above
+        if lo is not None and self.max is not None:
+            return f"in {low}{lo:g}, {self.max:g}]"
+        if lo is not None:
+            return f"{'>=' if self.min is not None else '>'} {lo:g}"
+        return f"<= {self.max:g}" if self.max is not None else "any value"
 
 
 def put_slots(buf: Tensor, index: Tensor, src) -> None:
@@ -69,7 +109,7 @@ class KVCache(nn.Module):
     ahead_is_harmless = False  # True: a step at a position the stream has not reached yet
     #                            changes nothing the stream reads (continuous batching relies on it)
     description = ""      # one line for --list_caches
-    options: dict = {}    # policy options (name -> default) a policy accepts
+    options: tuple = ()   # the policy's options (Option), each declared once
     waiting = None        # set by the model around an eager step's block (above)
     fresh = False         # set on the host before a compiled prompt graph: every row starts at 0
     interval = 1          # compression_interval (> 1: compress in one pass every k positions)

@@ -1,9 +1,8 @@
 import torch
 from torch import Tensor
 
-from caches.base import put_slots
+from caches.base import Option, put_slots
 from caches.region import RegionCache
-from core.errors import UserError
 
 
 def uniform(key: Tensor, cur: Tensor, n: int, start: int = 0) -> Tensor:
@@ -46,13 +45,9 @@ class CaMCache(RegionCache):
     has_middle = False
     stats = ("acc",)
     wants_probs = True
-    options = {"merge_span": 16}
+    options = (Option("merge_span", int, 16, "the following tokens an evicted value merges into",
+                      min=1),)
     description = "sinks + window; the evicted token's value is merged into the next ones, by chance"
-
-    @classmethod
-    def check_options(cls, window: int, merge_span: int = 16) -> None:
-        if merge_span < 1:
-            raise UserError(f"`merge_span` must be >= 1, got {merge_span}")
 
     def __init__(self, *args, merge_span: int = 16, **kw):
         super().__init__(*args, **kw)

@@ -3,7 +3,7 @@ import math
 import torch
 from torch import Tensor
 
-from caches.base import put_slots
+from caches.base import Option, put_slots
 from caches.region import RegionCache
 from core.errors import UserError
 
@@ -29,7 +29,9 @@ class LagKVCache(RegionCache):
     section.
     """
     stats = ("lag_score", "keep")
-    options = {"lag": None, "lag_keep_ratio": 0.5}
+    options = (Option("lag", int, None, "lag partition length in tokens (default window // 2)",
+                      min=1),
+               Option("lag_keep_ratio", float, 0.5, "share of a partition kept", above=0, max=1))
     description = "attention-free: score lag partitions by their successor's min/max, keep the top"
     # A partition is scored before its tokens leave the window (L <= window / 2), and an
     # unselected token (-inf) goes at the step it leaves: the bulk pass is the token steps.
@@ -41,8 +43,6 @@ class LagKVCache(RegionCache):
         if not 1 <= lag <= window // 2:
             raise UserError(f"`lag` must be between 1 and window // 2 = {window // 2} (two lag "
                             f"partitions must fit the window), got {lag}")
-        if not 0 < lag_keep_ratio <= 1:  # NaN fails too
-            raise UserError(f"`lag_keep_ratio` must be in (0, 1], got {lag_keep_ratio}")
 
     scheduled = True
 

@@ -175,15 +175,23 @@ def add_cache_arguments(p) -> None:
                         "pass stay in the staging slots and are attended until it")
     p.add_argument("--observation_window", type=positive_int, default=None,
                    help="snapkv: prompt tokens whose attention picks the survivors (default 32)")
-    # Policy options: None = not given, so a policy that has no such option can refuse it.
-    p.add_argument("--forgetting_factor", type=finite_float, default=None,
-                   help="a2sf, in [0, 1] (default 0.2)")
-    p.add_argument("--merge_span", type=int, default=None, help="cam (default 16)")
-    p.add_argument("--lag", type=int, default=None, help="lagkv partition (default window // 2)")
-    p.add_argument("--lag_keep_ratio", type=finite_float, default=None, help="lagkv (default 0.5)")
+    add_policy_options(p)
 
 
-POLICY_OPTIONS = ("forgetting_factor", "merge_span", "lag", "lag_keep_ratio")
+def add_policy_options(p) -> None:
+    """A flag for every option a policy declares (caches.base.Option), its help made from the
+    declaration. Default None = not given, so a policy that has no such option can refuse it."""
+    from caches import all_options
+    for name, (o, policies) in all_options().items():
+        default = "" if o.default is None else f"; default {o.default}"
+        p.add_argument(f"--{name}", type=finite_float if o.type is float else int, default=None,
+                       help=f"{', '.join(policies)}: {o.help}, {o.range()}{default}")
+
+
+def policy_option_names() -> tuple:
+    """The options some policy declares, which the tools pass on when given."""
+    from caches import all_options
+    return tuple(all_options())
 
 
 def cache_name(text: str) -> str:
@@ -219,7 +227,8 @@ def size_cache_from_mib(args, cfg: dict, dtype) -> None:
     if is_layered(args):
         raise UserError("--cache_mib sizes one policy with a uniform budget; give --cache_size "
                         "with --layer_pattern/--budget_pattern")
-    options = {o: getattr(args, o) for o in POLICY_OPTIONS if getattr(args, o) is not None}
+    options = {o: getattr(args, o) for o in policy_option_names()
+               if getattr(args, o, None) is not None}
     sink, window, middle = fit_to_bytes(
         args.cache, int(args.cache_mib * 2**20), model_args(cfg), dtype, sink=args.sink,
         window=args.window, kv_middle=args.kv_middle, chunk=args.prefill_chunk or DEFAULT_CHUNK,
@@ -283,8 +292,14 @@ def cache_slots(args) -> int:
 
 
 def list_caches() -> str:
+    """One line a policy: its name, what it does and its options' flags with their defaults."""
     from caches import POLICIES, describe
-    return "\n".join(f"{name:<18}{describe(name)}" for name in POLICIES)
+
+    def options(cls):
+        flags = [f"--{o.name}" + ("" if o.default is None else f" {o.default}")
+                 for o in cls.options]
+        return f" (options: {', '.join(flags)})" if flags else ""
+    return "\n".join(f"{name:<18}{describe(name)}{options(cls)}" for name, cls in POLICIES.items())
 
 
 def resolve_positions(args, stream_tokens, context: int) -> str:
@@ -313,7 +328,8 @@ def cache_factory_from_args(args, seed: int = 0):
     from caches import DEFAULT_CHUNK, make_cache_factory
     if args.positions == "auto":  # settled by resolve_positions once the stream is known;
         args = argparse.Namespace(**dict(vars(args), positions="original"))  # validate now
-    options = {o: getattr(args, o) for o in POLICY_OPTIONS if getattr(args, o) is not None}
+    options = {o: getattr(args, o) for o in policy_option_names()
+               if getattr(args, o, None) is not None}
     region = {}
     if args.cache != "full":
         region = dict(cache_size=args.cache_size, sink=args.sink, window=args.window,

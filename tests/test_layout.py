@@ -68,3 +68,63 @@ def test_engine_is_split_by_concern():
     for pkg in (p for p in (ROOT / "engine").iterdir() if (p / "__init__.py").is_file()):
         doc = ast.get_docstring(ast.parse((pkg / "__init__.py").read_text()))
         assert doc and len(doc.splitlines()) == 1, f"engine/{pkg.name} needs a one-line docstring"
+
+
+TOY = '''
+from caches.base import Option
+from caches.streaming import StreamingCache
+
+
+class ToyCache(StreamingCache):
+    """A toy policy: streaming with one option, declared once."""
+    description = "a toy policy for the option test"
+    options = (Option("toy_strength", float, 0.5, "how much toy", min=0, max=1),)
+
+    def __init__(self, *args, toy_strength: float = 0.5, **kw):
+        super().__init__(*args, **kw)
+        self.toy_strength = toy_strength
+'''
+
+
+def test_a_policy_declares_its_options_once(tmp_path, monkeypatch):
+    """A policy in a module of its own, registered, with one option: the tools' flag, its
+    help, --list_caches, the sweep's key and the range check all come from its declaration."""
+    import importlib
+
+    import pytest
+
+    import caches
+    import generate
+    from core.errors import UserError
+    from engine.cli import cache_factory_from_args, list_caches
+    from engine.evaluation.sweep import parse_policy
+    (tmp_path / "toy_policy.py").write_text(TOY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    toy = importlib.import_module("toy_policy")
+    monkeypatch.setitem(caches.POLICIES, "toy", toy.ToyCache)
+
+    help_text = " ".join(generate.build_parser().format_help().split())
+    assert "--toy_strength" in help_text and "toy: how much toy, in [0, 1]; default 0.5" in help_text
+    assert "toy" in list_caches() and "--toy_strength 0.5" in list_caches()
+    args = generate.build_parser().parse_args(["--cache", "toy", "--toy_strength", "0.25"])
+    assert cache_factory_from_args(args).spec["toy_strength"] == 0.25
+    spec = parse_policy({"cache": "toy", "toy_strength": 0.25}, "test")
+    assert dict(spec.options) == {"toy_strength": 0.25}
+    with pytest.raises(UserError, match=r"`toy_strength` must be in \[0, 1\]"):
+        caches.make_cache_factory("toy", toy_strength=2.0)
+    with pytest.raises(UserError, match="streaming has no option `toy_strength`"):
+        caches.make_cache_factory("streaming", toy_strength=0.1)
+
+
+def test_the_readme_policy_table_lists_every_policy_and_option():
+    from caches import POLICIES
+    rows = {line.split("|")[1].strip().strip("`"): line
+            for line in (ROOT / "README.md").read_text().splitlines()
+            if line.startswith("| `")}
+    for name, cls in POLICIES.items():
+        assert name in rows, f"README's policy table has no row for {name}"
+        for o in cls.options:
+            assert f"--{o.name}" in rows[name], f"README: {name}'s row does not name --{o.name}"
+        if name != "full":
+            assert "arxiv.org" in rows[name] or "proceedings" in rows[name] or \
+                "the same" in rows[name], f"README: {name}'s row names no paper"

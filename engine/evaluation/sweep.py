@@ -46,9 +46,14 @@ from typing import Optional
 from core.errors import UserError
 from engine.loading.files import check_writable, write_atomic
 
-POLICY_KEYS = ("kv_middle", "positions", "sink", "window", "prefill_chunk", "prompt_compression",
-               "observation_window", "budget_pattern", "layer_pattern",
-               "forgetting_factor", "merge_span", "lag", "lag_keep_ratio")
+# A policy table's keys: the region's settings, then every option a policy declares.
+REGION_KEYS = ("kv_middle", "positions", "sink", "window", "prefill_chunk", "prompt_compression",
+               "observation_window", "budget_pattern", "layer_pattern")
+
+
+def policy_keys() -> tuple:
+    from caches import all_options
+    return REGION_KEYS + tuple(all_options())
 TOP_KEYS = ("out_dir", "checkpoint_path", "dtype", "device", "compile", "seed", "max_tokens",
             "corpora", "corpus_dir", "cache_sizes", "size_dtype", "policies", "curve_policies",
             "passkey", "ruler")
@@ -154,10 +159,11 @@ def parse_policy(entry, where: str) -> PolicySpec:
         name = opts.pop("cache", None)
         if not isinstance(name, str):
             raise UserError(f"{where}: a policy table needs cache = \"NAME\", got {entry!r}")
-        unknown = sorted(set(opts) - set(POLICY_KEYS))
+        keys = policy_keys()
+        unknown = sorted(set(opts) - set(keys))
         if unknown:
             raise UserError(f"{where}: policy {name!r} has unknown key(s) {', '.join(unknown)} "
-                            f"(known: cache, {', '.join(POLICY_KEYS)})")
+                            f"(known: cache, {', '.join(keys)})")
     else:
         raise UserError(f"{where}: a policy is a name or a table, got {entry!r}")
     unknown = [p for p in layer_policies(name) if p not in POLICIES]
