@@ -239,9 +239,9 @@ def main(argv=None) -> None:
     PATHS[opts.path](opts, rest, samples)
     result = {"path": opts.path, "args": rest, **summary(samples.points), **samples.extra,
               "samples": [[t, round(r / 2**20, 1)] for t, r in samples.points]}
+    print(json.dumps(result), flush=True)  # before the plot: a long run's figures come first
     if opts.plot:
         plot(samples.points, opts.plot, f"{opts.path} {' '.join(rest)}")
-    print(json.dumps(result))
 
 
 def plot(points: list, path: str, title: str) -> None:
