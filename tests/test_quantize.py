@@ -723,3 +723,24 @@ def test_missing_onednn_kernel_keeps_the_plain_weight_in_a_float32_gemm(monkeypa
         # a few rows (eager decode): ATen's bfloat16 GEMM on the weight itself, as nn.Linear
         few = x[:WIDEN_ROWS - 1]
         assert torch.equal(lin(few), F.linear(few, lin.plain))
+
+def test_a_build_lock_left_by_a_killed_build_is_cleared(tmp_path, monkeypatch):
+    """A process killed while building the kernels leaves torch's `lock` file; every later
+    build would wait on it forever. One older than any build goes, with a warning; a fresh
+    one (a build under way in another process) stays."""
+    import os
+    import time
+
+    from core import kernels
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    build = tmp_path / "regionkv_decode"
+    build.mkdir()
+    lock = build / "lock"
+    lock.touch()
+    kernels.clear_stale_lock("regionkv_decode")
+    assert lock.exists()
+    old = time.time() - 2 * kernels.STALE_LOCK_S
+    os.utime(lock, (old, old))
+    with pytest.warns(UserWarning, match="stale build lock"):
+        kernels.clear_stale_lock("regionkv_decode")
+    assert not lock.exists()

@@ -111,6 +111,7 @@ def _build() -> bool:
     # digest goes into the flags.
     with open(os.path.join(here, "attention.h"), "rb") as f:
         header = hashlib.sha1(f.read()).hexdigest()[:16]
+    clear_stale_lock("regionkv_decode")
     try:
         load("regionkv_decode", [source], extra_cflags=["-O3", "-fopenmp",
                                                         f"-DREGIONKV_HEADER={header}"],
@@ -122,6 +123,29 @@ def _build() -> bool:
                       f"read their weights and caches as reductions instead, slower (a C++ "
                       f"compiler and `pip install ninja` build them)", stacklevel=2)
         return False
+
+
+STALE_LOCK_S = 600  # a build takes 10-20 s; a lock this old was left by a process that died
+
+
+def clear_stale_lock(name: str) -> None:
+    """torch's extension loader marks a build in progress with a `lock` file, which a process
+    killed mid-build (Ctrl-C during the first compile) leaves behind: every later process
+    then waits on it forever. A lock older than any build is removed, with a warning."""
+    import time
+    from torch.utils.cpp_extension import _get_build_directory
+    try:
+        lock = os.path.join(_get_build_directory(name, verbose=False), "lock")
+        age = time.time() - os.path.getmtime(lock)
+    except OSError:
+        return
+    if age > STALE_LOCK_S:
+        warnings.warn(f"regionkv: removing a stale build lock {lock} ({age / 60:.0f} minutes "
+                      f"old, left by a build that did not finish)", stacklevel=2)
+        try:
+            os.remove(lock)
+        except OSError:
+            pass
 
 
 def serve_linears() -> bool:
