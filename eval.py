@@ -233,7 +233,7 @@ def ppl_main(args) -> None:
 def attention_loss_main(args) -> None:
     from tqdm import tqdm
 
-    from engine.evaluation.perplexity import plots
+    from engine.evaluation import plots
     from engine.evaluation.attention_loss import attention_loss
     from engine.evaluation.perplexity import encode_prefix
     from engine.evaluation.sweep import ResultStore, Setup, cli_policies
@@ -307,7 +307,7 @@ def attention_loss_main(args) -> None:
 
 
 def passkey_main(args) -> None:
-    from engine.evaluation.perplexity import plots
+    from engine.evaluation import plots
     from engine.evaluation.sweep import (PasskeyConfig, ResultStore, Setup, check_passkey_prompts,
                               cli_policies, expand_full, passkey_accuracy, passkey_table,
                               run_passkey_grid)
@@ -343,7 +343,7 @@ def passkey_main(args) -> None:
 
 
 def ruler_main(args) -> None:
-    from engine.evaluation.perplexity import plots
+    from engine.evaluation import plots
     from engine.evaluation.ruler import parse_tasks
     from engine.evaluation.sweep import (ResultStore, RulerConfig, Setup, check_ruler_prompts,
                               cli_policies, expand_full, in_grid, ruler_scores,

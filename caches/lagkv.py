@@ -29,8 +29,8 @@ class LagKVCache(RegionCache):
     section.
     """
     stats = ("lag_score", "keep")
-    options = (Option("lag", int, None, "lag partition length in tokens (default window // 2)",
-                      min=1),
+    # lag's range depends on the window: check_options tests it
+    options = (Option("lag", int, None, "lag partition length in tokens (default window // 2)"),
                Option("lag_keep_ratio", float, 0.5, "share of a partition kept", above=0, max=1))
     description = "attention-free: score lag partitions by their successor's min/max, keep the top"
     # A partition is scored before its tokens leave the window (L <= window / 2), and an

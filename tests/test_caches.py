@@ -19,7 +19,7 @@ from caches.weightedkv import WeightedKVCache
 from conftest import tiny_model
 from core.errors import UserError
 from engine.runtime.generation import Generator, Session, compile_decode, decode_one_token
-from engine.runtime.steps import steps
+from engine.runtime.steps import forward, steps
 from engine.runtime.prefill import read_by_layer
 from caches.attention import KVView
 from model import rope_table
@@ -821,9 +821,11 @@ def test_eager_token_steps_run_for_every_layer_at_once(name, kw, monkeypatch):
         caches = build_caches(model, 2, 256, make_cache_factory(name, cache_size=BUDGET,
                                                                 chunk=8, **kw))
         with torch.inference_mode():
-            logits = [model(ids[:, s:s + 8], torch.arange(s, s + 8).expand(2, 8), caches)
-                      for s in range(0, 56, 8)]
-            logits += [model(ids[:, t:t + 1], torch.tensor([t]), caches) for t in range(56, 64)]
+            # as the engine runs a step (engine.runtime.steps.forward): eager steps settle
+            logits = [forward(model, ids[:, s:s + 8], torch.arange(s, s + 8).expand(2, 8),
+                              caches) for s in range(0, 56, 8)]
+            logits += [forward(model, ids[:, t:t + 1], torch.tensor([t]), caches)
+                       for t in range(56, 64)]
         return caches, torch.cat(logits, 1), len(calls)
 
     together, logits, n_together = read()

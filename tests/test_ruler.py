@@ -8,7 +8,7 @@ import pytest
 
 from conftest import DATA, run_cli, write_tiny_checkpoint
 from core.errors import UserError
-from engine.evaluation.perplexity import ruler
+from engine.evaluation import ruler
 from engine.evaluation.passkey import PromptTooShort
 from engine.evaluation.ruler import TASKS, build_cell_prompts, build_prompt, parse_tasks, score
 from engine.evaluation.sweep import ResultStore, load_config, run_sweep

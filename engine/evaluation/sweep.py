@@ -863,7 +863,7 @@ def expand_full(acc: dict, sizes: list) -> dict:
 
 def render(cfg: SweepConfig) -> list:
     """Markdown table + PNG plots from the JSONL rows that match cfg. Returns written paths."""
-    from engine.evaluation.perplexity import plots
+    from engine.evaluation import plots
 
     store = ResultStore(cfg.out_dir / "results.jsonl")
     rows = store.rows()
