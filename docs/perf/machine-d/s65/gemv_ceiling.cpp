@@ -1,17 +1,17 @@
-// Probe (PERFORMANCE 6zo): a decode step's 151 GEMVs over the default model's shapes (30 layers
+// Probe: a decode step's 151 GEMVs over the default model's shapes (30 layers
 // of wqkv 960x576, wo 576x576, w1 and w3 1536x576, w2 576x1536, then the tied head 49152x576)
 // from one arena in 2 MiB pages, driven from C++ (no Python, no dispatcher) on two OpenMP
 // threads, each weight's 4-row groups split in halves as the engine's GEMV splits them.
 //   g++ -O3 -fopenmp [-DROWS=1] gemv_ceiling.cpp -o gemv_ceiling && ./gemv_ceiling KIND [PART]
 // PART: step (default), head or layers. KIND:
-//   bf16x4  the AVX2 bfloat16 loop before 6zo: four rows in flight, x read once for them
-//   bf16    the AVX2 bfloat16 loop since 6zo: a row at a time, one sequential stream a thread
+//   bf16x4  the AVX2 bfloat16 loop with four rows: four rows in flight, x read once for them
+//   bf16    the AVX2 bfloat16 loop now: a row at a time, one sequential stream a thread
 //   loads   bf16x4's reads and prefetches (ROWS rows in flight, 4 unless -DROWS=N), one xor a
 //           load and no arithmetic: what memory gives that pattern
-//   f32x4, f32  the float32 loops before and since 6zo, over float32 weights (twice the bytes)
+//   f32x4, f32  the float32 loops with four rows and with one, over float32 weights (twice the bytes)
 //   stream  a plain read of the whole arena, 8 lanes a load, each thread half of it
 //   b512x4  the AVX-512 BF16 loop (machines B, C, E): four rows, x read once for them
-//   b512    the same a row at a time, one sequential stream a thread (PERFORMANCE 6zp)
+//   b512    the same a row at a time, one sequential stream a thread
 //   Both prefetch with HINT (-DHINT=_MM_HINT_NTA; T0 unless given); the AVX2 kinds with
 //   HINT2 (NTA unless given, as the engine's AVX2 loops).
 #include <immintrin.h>
