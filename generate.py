@@ -17,10 +17,12 @@ import torch
 
 from core.errors import UserError, as_flags
 from engine.cli import (CHECKPOINT_HELP, DTYPES, Parser, add_bake_argument, add_cache_arguments,
-                        add_compile_arguments, cache_factory_from_args, cache_slots,
-                        check_bake_argument, check_run_fits, fit_cache_to_stream, layer_report,
-                        list_caches, non_negative_float, open_checkpoint, positive_int,
-                        resolve_positions, round_up, run, seed_int, size_cache_from_mib)
+                        add_compile_arguments, add_speculation_arguments,
+                        cache_factory_from_args, cache_slots, check_bake_argument,
+                        check_run_fits, fit_cache_to_stream, layer_report, list_caches,
+                        non_negative_float, open_checkpoint, positive_int, resolve_positions,
+                        round_up, run, schedule_for_speculation, seed_int,
+                        size_cache_from_mib, speculating, speculation_from_args)
 
 
 def build_parser() -> Parser:
@@ -43,6 +45,7 @@ def build_parser() -> Parser:
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="default: bfloat16 on CUDA, float32 on CPU")
     add_cache_arguments(p)
+    add_speculation_arguments(p)
     p.add_argument("--max_seq_length", type=positive_int, default=None,
                    help="cache length in tokens (default: prompt + max_new_tokens, rounded up)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -168,6 +171,9 @@ def start(args) -> Run:
     """Load the checkpoint and build (and, with --compile, warm up) the generator the flags
     ask for; every size is checked before anything is loaded."""
     check_bake_argument(args)
+    speculate = speculating(args)
+    if speculate:
+        schedule_for_speculation(args)
     cache_factory_from_args(args, seed=args.seed or 0)  # bad cache flags fail before loading
     from engine.loading.checkpoint import load_model, model_args
     from engine.runtime.generation import Generator, Session
@@ -233,10 +239,16 @@ def start(args) -> Run:
         torch.manual_seed(seed)
     t = time.perf_counter()
     model = load_model(ckpt, device=device, dtype=dtype, tp=tp)
+    speculation = None
+    if speculate:
+        if tp:
+            raise UserError("speculative decoding runs in one process; run it without torchrun")
+        unbounded = args.cache != "full" and positions == "cache"
+        speculation = speculation_from_args(args, model, max_seq_length, unbounded)
     kind = Session if args.interactive else Generator
     gen = kind(model, max_seq_length=max_seq_length, make_cache=make_cache,
                compile=args.compile, compile_prefill=args.compile_prefill,
-               bake_weights=args.bake_weights)
+               bake_weights=args.bake_weights, speculation=speculation)
     load_s = time.perf_counter() - t
     if not args.json:
         print(f"loaded {ckpt} in {load_s:.1f} s ({device}, {str(dtype).removeprefix('torch.')}, "
@@ -287,11 +299,21 @@ def main(argv=None) -> None:
         samples.append({"text": tokenizer.decode(shown), "token_ids": g.token_ids[0],
                         "new_tokens": g.new_tokens, "tokens_per_s": g.tokens_per_s,
                         "prefill_s": g.prefill_s})
+        stats = getattr(gen, "spec_stats", None)
+        if stats is not None:
+            samples[-1]["speculation"] = {"draft": gen.speculation.draft.describe(),
+                                          "k": gen.speculation.k, "steps": stats.steps,
+                                          "acceptance": round(stats.acceptance, 4),
+                                          "mean_accepted": round(stats.mean_accepted, 3)}
         if not args.json:
             print()
             print(f"{g.new_tokens} tokens, prefill {g.prefill_s:.2f} s, decode "
                   f"{g.tokens_per_s:.1f} tokens/s" + (" (stopped at EOS)" if g.stopped_at_eos else ""),
                   file=sys.stderr)
+            if stats is not None:
+                print(f"speculation ({gen.speculation.draft.describe()}, k "
+                      f"{gen.speculation.k}): {stats.acceptance:.0%} of guesses accepted, "
+                      f"{stats.mean_accepted:.2f} tokens a step", file=sys.stderr)
     if prof:
         prof.stop()
         prof.export_chrome_trace(str(profile_path))

@@ -80,6 +80,22 @@ class Option:
         return f"<= {self.max:g}" if self.max is not None else "any value"
 
 
+def take_slots(buf: Tensor, slots: Tensor) -> Tensor:
+    """buf [B, H, S, ...] at slots [B, T] of each row -> [B, H, T, ...] (a copy)."""
+    return buf.gather(2, slot_index(buf, slots))
+
+
+def put_back(buf: Tensor, slots: Tensor, old: Tensor) -> None:
+    """The inverse of take_slots: buf at slots [B, T] <- old [B, H, T, ...]."""
+    buf.scatter_(2, slot_index(buf, slots), old)
+
+
+def slot_index(buf: Tensor, slots: Tensor) -> Tensor:
+    B, T = slots.shape
+    shape = (B, buf.shape[1], T, *buf.shape[3:])
+    return slots.view(B, 1, T, *[1] * (buf.dim() - 3)).expand(shape)
+
+
 def put_slots(buf: Tensor, index: Tensor, src) -> None:
     """buf.scatter_(2, index, src), written as index_put_: buf[i, j, index[i, j, k, ...], ...]
     = src[i, j, k, ...] (src a tensor of index's shape, or a number). In a compiled step
@@ -145,6 +161,44 @@ class KVCache(nn.Module):
         """Whether `commit` of a T-token step leaves work for `settle` (in an eager step or a
         traced prompt chunk, above)."""
         return False
+
+    # ---- speculative verification (engine/runtime/speculative.py) -----------------------------
+    # A verify step reads a pending token and k drafted ones as one T-token step: each attends
+    # over the cache and the block's earlier tokens, as k + 1 single steps would, provided the
+    # cache compresses nothing in between (the engine never lets a block cross a compression
+    # pass). `commit` then keeps nothing but the attention it was given; `accept(n)` keeps the
+    # first n tokens as if they had been read one by one and removes the rest without a trace:
+    # the slots they were written to get back what they held.
+    verifying = False
+    slot_buffers: tuple = ("k", "v", "pos")  # buffers a token's write touches, slots on dim 2
+
+    def written_slots(self, input_pos: Tensor) -> Tensor:
+        """The slots [B, T] (third dim of each `slot_buffers` buffer) a step at input_pos writes."""
+        return input_pos
+
+    def begin_verify(self, input_pos: Tensor) -> None:
+        """Before a verify step at input_pos [B, T]: keep what its writes will overwrite."""
+        slots = self.written_slots(input_pos).long()
+        saved = {name: take_slots(getattr(self, name), slots) for name in self.slot_buffers}
+        self.verified = (input_pos, slots, saved, None)
+        self.verifying = True
+
+    def accept(self, n: int) -> None:
+        """After the verify step: keep its first n tokens (read, then compressed where a
+        compression falls on the last of them, as single steps would have), and put back
+        what the others overwrote."""
+        input_pos, slots, saved, held = self.verified
+        del self.verified
+        self.verifying = False
+        if n < input_pos.shape[1]:
+            for name, old in saved.items():
+                put_back(getattr(self, name), slots[:, n:], old[:, :, n:])
+        if n:
+            self.settle_accepted(input_pos[:, :n], held)
+
+    def settle_accepted(self, input_pos: Tensor, held) -> None:
+        """The work `commit` left for the accepted tokens at input_pos [B, n] (their attention
+        `held`, what a verifying commit kept); nothing for a cache that only stores."""
 
     def settle(self, waiting: list, input_pos: Tensor) -> None:
         """Do the work that the caches in `waiting` (this one among them) left in `commit` for

@@ -266,7 +266,7 @@ class RegionCache(KVCache):
 
     def update(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> KVView:
         B, H, T, D = k.shape
-        if T > 1 and self.interval > 1:
+        if T > 1 and self.interval > 1 and not self.verifying:
             # Tokens waiting for the next pass would be overwritten by the chunk: pass now.
             (self.compiled_bulk or RegionCache.compress_bulk)(self, (input_pos[:, :1] - 1)
                                                               .unsqueeze(-1))
@@ -380,10 +380,41 @@ class RegionCache(KVCache):
         # Empty slots are masked; clamping keeps their (unused) rotation inside the table.
         return torch.empty_like(order).scatter_(-1, order, ar).clamp(max=self.rope.shape[0] - 1)
 
+    @property
+    def slot_buffers(self) -> tuple:
+        return ("k", "v", "pos") + self.stats
+
+    def written_slots(self, input_pos: Tensor) -> Tensor:
+        return self.fast_slot(input_pos)
+
     def commit(self, input_pos: Tensor, probs) -> None:
-        if probs is not None:
-            # A KV head's attention is the mean over the query heads of its group.
-            self.accumulate(probs.mean(dim=2), input_pos)
+        # A KV head's attention is the mean over the query heads of its group.
+        p = None if probs is None else probs.mean(dim=2)
+        if self.verifying:  # kept until the engine knows which tokens stay (`accept`)
+            input_pos_, slots, saved, _ = self.verified
+            self.verified = (input_pos_, slots, saved, p)
+            return
+        if p is not None:
+            self.accumulate(p, input_pos)
+        self.compress(input_pos)
+
+    def settle_accepted(self, input_pos: Tensor, held) -> None:
+        # Token by token, as single steps add their attention (the same sums, in the same
+        # order), then the compression that falls on the last token; the block never crosses
+        # an earlier one.
+        for i in range(input_pos.shape[1]):
+            if held is not None:
+                self.accumulate(held[:, :, i:i + 1], input_pos[:, i:i + 1])
+        last = input_pos[:, -1:]
+        if self.interval > 1:
+            self.due = any((p + 1) % self.interval == 0 for p in last.view(-1).tolist())
+        try:
+            self.compress(last)
+        finally:
+            self.due = True
+
+    def compress(self, input_pos: Tensor) -> None:
+        """commit's compression after the step at input_pos [B, T] was attended."""
         T = input_pos.shape[1]
         if not self.takes_token_steps(T):
             if T > 1:  # the whole chunk in one pass

@@ -178,6 +178,80 @@ def add_cache_arguments(p) -> None:
     add_policy_options(p)
 
 
+def add_speculation_arguments(p) -> None:
+    """Speculative decoding's flags (generate.py, bench.py): one of three drafts, and k."""
+    p.add_argument("--draft_checkpoint_path", default=None,
+                   help="speculative decoding with a draft model of the same vocabulary: a "
+                        "smaller checkpoint, or the target's own quantize.py output")
+    p.add_argument("--draft", choices=["ngram"], default=None,
+                   help="ngram: speculative decoding by prompt lookup (drafts copied from "
+                        "earlier in the stream)")
+    p.add_argument("--ngram", type=positive_int, default=3,
+                   help="prompt lookup: the longest n-gram matched (default 3)")
+    p.add_argument("--draft_cache", type=cache_name, default=None,
+                   help="speculative decoding with the target's own weights over this small "
+                        "cache policy (e.g. streaming); with --draft_checkpoint_path: the draft "
+                        "model's cache (default full, or streaming for an unbounded stream)")
+    p.add_argument("--draft_cache_size", type=positive_int, default=256,
+                   help="retained tokens of a compressing --draft_cache (default 256)")
+    p.add_argument("--speculate_k", type=positive_int, default=None,
+                   help="tokens the draft guesses a step (default 4 when a draft is given)")
+
+
+def speculating(args) -> bool:
+    """Whether the flags ask for speculative decoding (UserError for a k without a draft)."""
+    drafts = [args.draft_checkpoint_path, args.draft, args.draft_cache]
+    if args.draft and (args.draft_checkpoint_path or args.draft_cache):
+        raise UserError("--draft ngram needs no model: drop --draft_checkpoint_path and "
+                        "--draft_cache, or drop --draft")
+    if args.speculate_k is not None and not any(drafts):
+        raise UserError("--speculate_k needs a draft: --draft_checkpoint_path PATH, --draft "
+                        "ngram or --draft_cache POLICY")
+    return any(drafts)
+
+
+def schedule_for_speculation(args) -> None:
+    """A compressing cache that speculation reads must compress on a schedule (never inside a
+    verify step): without --compression_interval it compresses once per prompt chunk's worth
+    of positions."""
+    from caches import DEFAULT_CHUNK
+    if args.cache != "full" and getattr(args, "compression_interval", None) is None:
+        args.compression_interval = args.prefill_chunk or DEFAULT_CHUNK
+        if not getattr(args, "json", False):
+            print(f"note: speculative decoding: the cache compresses every "
+                  f"{args.compression_interval} positions (--compression_interval); the output "
+                  f"is that of the same run without speculation", file=sys.stderr)
+    if args.cache != "full" and args.compression_interval == 1:
+        raise UserError("speculative decoding needs --compression_interval above 1 (a verify "
+                        "step never crosses a compression)")
+
+
+def speculation_from_args(args, model, max_seq_length: int, unbounded: bool):
+    """The Speculation the flags ask for, on the loaded target `model`."""
+    from caches import make_cache_factory
+    from engine.runtime.speculative import ModelDraft, NgramDraft, Speculation
+    k = args.speculate_k or 4
+    if args.draft == "ngram":
+        return Speculation(NgramDraft(args.ngram), k)
+    policy = args.draft_cache or ("streaming" if unbounded else "full")
+    if policy == "full" and unbounded:
+        raise UserError("an unbounded stream outgrows a full draft cache: give --draft_cache "
+                        "streaming (or another compressing policy)")
+    cache = make_cache_factory("full") if policy == "full" else make_cache_factory(
+        policy, cache_size=args.draft_cache_size, positions="cache" if unbounded else "original")
+    draft_model, label = model, f"the target over a {policy} cache"
+    if args.draft_checkpoint_path:
+        from engine.loading.checkpoint import load_model
+        from engine.loading.default_model import resolve_checkpoint
+        ckpt = resolve_checkpoint(args.draft_checkpoint_path)
+        draft_model = load_model(ckpt, device=model.device, dtype=model.dtype)
+        label = f"draft model {ckpt.name}"
+    length = model.args.max_position_embeddings if unbounded else max_seq_length
+    if unbounded and draft_model is not model:
+        length = draft_model.args.max_position_embeddings
+    return Speculation(ModelDraft(draft_model, cache, length, label), k)
+
+
 def add_policy_options(p) -> None:
     """A flag for every option a policy declares (caches.base.Option), its help made from the
     declaration. Default None = not given, so a policy that has no such option can refuse it."""

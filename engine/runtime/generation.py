@@ -325,7 +325,7 @@ class Session:
     def __init__(self, model: Transformer, make_cache: Optional[CacheFactory] = None,
                  max_seq_length: Optional[int] = None, batch_size: int = 1,
                  compile: bool = False, compile_prefill: bool = False,
-                 bake_weights: bool = False):
+                 bake_weights: bool = False, speculation=None):
         """
         Args:
             make_cache: a caches.make_cache_factory(...) result (default: the full cache).
@@ -334,6 +334,9 @@ class Session:
             compile: compile the decode step; compile_prefill: also prompt chunks.
             bake_weights: compile the CPU decode step with the weights baked in (faster
                 steps, a longer compile: compile_decode).
+            speculation: an engine.runtime.speculative.Speculation (a draft and k): generate
+                by speculative decoding (one row; a compressing cache must compress on a
+                schedule, `compression_interval` > 1, so that its output stays exact).
         """
         self.model = model
         self.device = model.device
@@ -353,6 +356,10 @@ class Session:
                                             rows=batch_size, bake_weights=bake_weights)
         if compile_prefill:
             self.prefill_fn = compile_prompt(model)
+        self.speculation, self.verify_graph = speculation, None
+        if speculation is not None:
+            from engine.runtime.speculative import prepare
+            self.verify_graph = prepare(self, speculation, compile)
         self.reset()
 
     # ---- state -----------------------------------------------------------------------------
@@ -364,6 +371,10 @@ class Session:
         self.pending: Optional[Tensor] = None  # [B, 1] sampled, not yet read
         self.logits: Optional[Tensor] = None   # [B, V] next-token logits after an append
         self._append_s = 0.0
+        if getattr(self, "speculation", None) is not None:
+            reset = getattr(self.speculation.draft, "reset", None)
+            if reset:
+                reset()
 
     @property
     def positions(self) -> list:
@@ -441,6 +452,8 @@ class Session:
         if max_new_tokens < 1:
             raise UserError(f"the session's {self.max_seq_length} positions are all used; start a "
                             f"new session or raise `max_seq_length`")
+        if self.speculation is not None:
+            return self._speculate(max_new_tokens, temperature, top_k, eos_ids, callback)
         dev = self.device
         eos = torch.tensor(sorted(set(eos_ids)) or [-1], device=dev)
         pos = torch.tensor(self.positions, device=dev).view(-1, 1)
@@ -486,6 +499,40 @@ class Session:
         return Generation(token_ids=[b + c for b, c in zip(before, cut)], new_tokens=len(cut[0]), prefill_s=prefill_s,
                           decode_s=t2 - t1, stopped_at_eos=bool(finished.all()), new_ids=cut)
 
+    def _speculate(self, max_new_tokens: int, temperature: float, top_k, eos_ids,
+                   callback) -> Generation:
+        """generate's loop by speculative decoding (engine/runtime/speculative.py)."""
+        from engine.runtime.speculative import Stats, speculate
+        eos = set(eos_ids)
+        t0 = time.perf_counter()
+        if self.pending is not None:  # given out by the last call; read by the first step
+            first, new = int(self.pending), []
+            before = self.tokens[0] + [first]
+        else:
+            first = int(sample(self.logits, temperature, top_k))
+            new, before = [first], list(self.tokens[0])
+            max_new_tokens -= 1
+            if callback:
+                callback(first)
+        self.logits, self.pending = None, None
+        t1 = time.perf_counter()
+        self.spec_stats = Stats()
+        if not (eos and first in eos and new):
+            new += speculate(self, self.speculation, first, len(self.tokens[0]),
+                             max_new_tokens, temperature, top_k, eos, callback,
+                             self.spec_stats)
+        sync(self.device)
+        t2 = time.perf_counter()
+        if not new:  # nothing made: the pending token stays unread
+            self.pending = torch.tensor([[first]], device=self.device)
+        else:
+            self.pending = torch.tensor([[new[-1]]], device=self.device)
+        prefill_s, self._append_s = self._append_s + (t1 - t0), 0.0
+        cut = cut_at_eos(new, eos)
+        return Generation(token_ids=[before + cut], new_tokens=len(cut), prefill_s=prefill_s,
+                          decode_s=t2 - t1, stopped_at_eos=bool(eos & set(cut)),
+                          new_ids=[cut])
+
     @torch.inference_mode()
     def warmup(self, temperature: float = 0.0, top_k: Optional[int] = None) -> float:
         """Compile (or just run) the decode step, and a prompt chunk of compressing caches, so
@@ -497,6 +544,9 @@ class Session:
             self.decode_fn(self.model, self.caches, token,
                            torch.full((self.batch_size, 1), t, device=self.device),
                            temperature, top_k)
+        if self.speculation is not None:
+            from engine.runtime.speculative import warm_up
+            warm_up(self, temperature, top_k)
         chunk = self.prefill_chunk
         if chunk is not None and chunk < self.max_seq_length:  # compiles chunk compression
             self.reset()
@@ -646,9 +696,9 @@ class Generator(Session):
 
     def __init__(self, model: Transformer, max_seq_length: int, batch_size: int = 1,
                  make_cache=None, compile: bool = False, compile_prefill: bool = False,
-                 bake_weights: bool = False):
+                 bake_weights: bool = False, speculation=None):
         super().__init__(model, make_cache, max_seq_length, batch_size, compile, compile_prefill,
-                         bake_weights)
+                         bake_weights, speculation)
 
     def check_prompt(self, n_prompt: int) -> None:
         check_prompt(n_prompt, self.max_seq_length, self.unbounded)

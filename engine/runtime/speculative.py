@@ -1,0 +1,315 @@
+"""Speculative decoding over any cache, compressed or not: a draft guesses the next k tokens,
+the target reads the pending token and the guesses in one step, and keeps the longest prefix it
+agrees with, plus one token of its own.
+
+Lossless. Each token of a verify step attends over exactly what it would attend over as a
+single step, because nothing is compressed in between: a compressing cache compresses on a
+schedule (`compression_interval` > 1, one pass every I positions, the tokens in between
+waiting in staging slots), and a block never reaches past the position a pass falls on. The
+target's caches keep the accepted tokens as if read one by one (statistics added token by
+token, the pass run where it falls) and put back what the rejected ones overwrote
+(KVCache.accept). Greedy output is therefore the target's own greedy output with the same
+cache settings; sampling uses the standard rejection rule (accept a draft token x with
+probability min(1, p(x) / q(x)), else draw from max(p - q, 0) normalised; a bonus token from
+p after a full acceptance), so every token is distributed as the target's.
+
+Drafts:
+    NgramDraft   prompt lookup: the tokens that followed the latest earlier occurrence of the
+                 stream's last n-gram (no model; for copy-heavy text).
+    ModelDraft   a model with its own caches: a smaller or quantized checkpoint with the same
+                 vocabulary, or the target's own weights over a small compressed cache
+                 (MagicDec). Its caches are only ever an approximation: rejected guesses may
+                 leave traces there, which can lower the acceptance but never change the
+                 output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from caches import build_caches
+from core.errors import UserError
+from engine.runtime.prefill import read_prompt
+from engine.runtime.steps import forward, run
+from caches.region import RegionCache
+from model import Transformer
+
+
+def probabilities(logits: Tensor, temperature: float, top_k: Optional[int]) -> Tensor:
+    """logits [..., V] -> the sampling distribution (float32) that `sample` draws from."""
+    logits = logits.float() / temperature
+    if top_k is not None:
+        pivot = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[..., -1:]
+        logits = torch.where(logits < pivot, float("-inf"), logits)
+    return torch.softmax(logits, dim=-1)
+
+
+def draw(p: Tensor) -> int:
+    return int(torch.multinomial(p, 1))
+
+
+class NgramDraft:
+    """Prompt lookup: find the latest earlier occurrence of the stream's last `ngram` tokens
+    (then of shorter n-grams, down to one token) and propose the tokens that followed it."""
+
+    def __init__(self, ngram: int = 3):
+        if ngram < 1:
+            raise UserError(f"--ngram must be at least 1, got {ngram}")
+        self.ngram = ngram
+
+    def propose(self, stream: list, k: int, temperature: float, top_k) -> tuple:
+        for n in range(min(self.ngram, len(stream) - 1), 0, -1):
+            tail = stream[-n:]
+            for start in range(len(stream) - n - 1, -1, -1):
+                if stream[start:start + n] == tail:
+                    return stream[start + n:start + n + k], None
+        return [], None
+
+    def describe(self) -> str:
+        return f"prompt lookup ({self.ngram}-gram)"
+
+
+class ModelDraft:
+    """Guesses by a model with caches of its own (built by `make_cache`, one row). It remembers
+    which stream tokens its caches have read, so that after a verification it goes back to the
+    longest prefix it shares with the stream (its later positions are overwritten as the stream
+    reaches them) and reads on from there."""
+
+    def __init__(self, model: Transformer, make_cache, max_seq_length: int,
+                 label: str = "draft model"):
+        self.model, self.label = model, label
+        self.max_seq_length = max_seq_length
+        self.caches = build_caches(model, 1, max_seq_length, make_cache)
+        self.unbounded = all(c.unbounded for c in self.caches)
+        self.step_fn: Callable = forward
+        self.read: list = []      # the stream tokens the caches hold, in order
+        self.logits: Optional[Tensor] = None  # [1, V] after the last of them
+
+    def reset(self) -> None:
+        for cache in self.caches:
+            cache.reset()
+        self.read, self.logits = [], None
+
+    def _step(self, token: int) -> None:
+        dev = self.model.device
+        pos = len(self.read)
+        if not self.unbounded and pos >= self.max_seq_length:
+            raise UserError(f"the stream outgrew the draft's {self.max_seq_length} positions; "
+                            f"give the draft a compressing cache (--draft_cache streaming)")
+        idx = torch.tensor([[token]], device=dev)
+        self.logits = self.step_fn(self.model, idx, torch.tensor([[pos]], device=dev),
+                                   self.caches)[:, -1]
+        self.read.append(token)
+
+    def _catch_up(self, stream: list) -> None:
+        same = 0
+        for a, b in zip(self.read, stream):
+            if a != b:
+                break
+            same += 1
+        if same < len(self.read):  # back to the shared prefix: the rest is overwritten later
+            self.read, self.logits = self.read[:same], None
+        missing = stream[same:]
+        if len(missing) > 2:  # a prompt: read in chunks, as a session reads one
+            dev = self.model.device
+            self.logits = read_prompt(self.model, self.caches,
+                                      torch.tensor([missing], device=dev),
+                                      torch.tensor([[same]], device=dev), self.max_seq_length)
+            self.read += missing
+            return
+        for token in missing:
+            self._step(token)
+
+    def propose(self, stream: list, k: int, temperature: float, top_k) -> tuple:
+        self._catch_up(stream)
+        tokens, dists = [], []
+        for i in range(k):
+            if temperature <= 0:
+                token = int(self.logits[0].argmax())
+            else:
+                p = probabilities(self.logits[0], temperature, top_k)
+                token = draw(p)
+                dists.append(p)
+            tokens.append(token)
+            if i < k - 1:
+                self._step(token)
+        return tokens, (torch.stack(dists) if dists else None)
+
+    def describe(self) -> str:
+        return self.label
+
+
+@dataclass
+class Speculation:
+    """How a session speculates: the draft and how many tokens it guesses a step."""
+    draft: object
+    k: int = 4
+
+    def __post_init__(self):
+        if not 1 <= self.k <= 32:
+            raise UserError(f"--speculate_k must be between 1 and 32, got {self.k}")
+
+
+@dataclass
+class Stats:
+    """What speculation did over one generate call."""
+    steps: int = 0       # verify steps
+    drafted: int = 0     # tokens the draft proposed
+    accepted: int = 0    # of them, tokens the target kept
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Tokens a verify step yields on average (accepted guesses + the target's own)."""
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+
+def room_before_pass(caches, pos: int) -> int:
+    """How many positions from `pos` on one step may read without crossing a compression: a
+    region cache compresses after each position p with (p + 1) % interval == 0 (the block
+    may end on one)."""
+    intervals = [c.interval for c in caches if isinstance(c, RegionCache)]
+    return min((i - pos % i for i in intervals), default=1 << 30)
+
+
+def verify(model: Transformer, caches, tokens: list, pos: int, graph=None) -> Tensor:
+    """Read tokens at positions pos.. as one step that keeps every option open (begin_verify);
+    the logits [T, V] after each of them. The caller ends it with accept(n) on every cache."""
+    dev = model.device
+    idx = torch.tensor([tokens], device=dev)
+    input_pos = torch.arange(pos, pos + len(tokens), device=dev).view(1, -1)
+    for cache in caches:
+        cache.begin_verify(input_pos)
+    try:
+        if graph is not None and len(tokens) == graph.rows:
+            return graph(model, idx, input_pos, caches)[0]
+        return run(model, idx, input_pos, caches)[0]
+    except BaseException:
+        for cache in caches:  # as if the step had not run
+            cache.accept(0)
+        raise
+
+
+def judge(logits: Tensor, drafts: list, draft_probs: Optional[Tensor], temperature: float,
+          top_k) -> list:
+    """The tokens a verify step yields: the accepted drafts, then the target's own token
+    (logits [T, V] after each of the block's T = len(drafts) + 1 tokens)."""
+    out = []
+    if temperature <= 0:
+        best = logits.argmax(dim=-1).tolist()
+        for i, d in enumerate(drafts):
+            if best[i] != d:
+                return out + [best[i]]
+            out.append(d)
+        return out + [best[len(drafts)]]
+    p = probabilities(logits, temperature, top_k)
+    for i, d in enumerate(drafts):
+        q = None if draft_probs is None else draft_probs[i]
+        q_d = 1.0 if q is None else float(q[d])
+        if float(torch.rand(())) * q_d < float(p[i, d]):  # accept with min(1, p / q)
+            out.append(d)
+            continue
+        residual = p[i].clone()
+        if q is None:
+            residual[d] = 0.0
+        else:
+            residual = (residual - q).clamp(min=0)
+        return out + [draw(residual / residual.sum())]
+    return out + [draw(p[len(drafts)])]
+
+
+def speculate(session, spec: Speculation, first: int, pos: int, max_new_tokens: int,
+              temperature: float, top_k, eos: set, callback, stats: Stats) -> list:
+    """Continue a one-row session whose token `first` (already given out) is pending at
+    position `pos`: up to max_new_tokens more tokens, which are returned; every token but the
+    last is read into the caches."""
+    out, token = [], first
+    graph = session.verify_graph
+    while len(out) < max_new_tokens:
+        room = min(spec.k + 1, max_new_tokens - len(out), room_before_pass(session.caches, pos))
+        if not session.unbounded:
+            room = min(room, session.max_seq_length - pos)
+        stream = session.tokens[0] + [token]
+        drafts, draft_probs = spec.draft.propose(stream, room - 1, temperature, top_k) \
+            if room > 1 else ([], None)
+        drafts = drafts[:room - 1]
+        if draft_probs is not None:
+            draft_probs = draft_probs[:len(drafts)]
+        block = [token] + drafts
+        logits = verify(session.model, session.caches, block, pos, graph)
+        made = judge(logits, drafts, draft_probs, temperature, top_k)
+        if eos:  # stop at the first EOS, reading nothing after it
+            for i, t in enumerate(made):
+                if t in eos:
+                    made = made[:i + 1]
+                    break
+        for cache in session.caches:
+            cache.accept(len(made))
+        stats.steps += 1
+        stats.drafted += len(drafts)
+        stats.accepted += len(made) - 1
+        session.tokens[0] += block[:len(made)]
+        pos += len(made)
+        token = made[-1]
+        for t in made:
+            out.append(t)
+            if callback:
+                callback(t)
+        if eos and token in eos:
+            break
+    return out
+
+
+class VerifyGraph:
+    """The verify step of k + 1 tokens compiled (one shape; shorter blocks run eager)."""
+
+    def __init__(self, rows: int, backend="inductor"):
+        self.rows = rows
+        self.graph = torch.compile(run, fullgraph=True, dynamic=False, backend=backend)
+
+    def __call__(self, model, idx, input_pos, caches):
+        return self.graph(model, idx, input_pos, caches)
+
+
+def prepare(session, spec: Speculation, compile: bool) -> Optional[VerifyGraph]:
+    """Check that a session can speculate, and compile what it will run: the verify step of
+    k + 1 tokens and the draft's single step."""
+    if session.batch_size != 1:
+        raise UserError("speculative decoding runs one stream: use batch size 1")
+    if any(isinstance(c, RegionCache) and c.interval == 1 for c in session.caches):
+        raise UserError("speculative decoding over a compressing cache needs it to compress on "
+                        "a schedule: set `compression_interval` above 1 (the verify step "
+                        "never crosses a compression; the cache's chunk is the largest)")
+    draft = spec.draft
+    if isinstance(draft, ModelDraft):
+        if draft.model.args.vocab_size != session.model.args.vocab_size:
+            raise UserError(f"the draft's vocabulary has {draft.model.args.vocab_size} tokens, "
+                            f"the target's {session.model.args.vocab_size}: a draft must share "
+                            f"the target's tokenizer")
+        if compile:
+            from engine.runtime.generation import compile_decode, decode_one_token
+            if draft.model is not session.model:
+                compile_decode(decode_one_token, draft.model, caches=draft.caches)
+            else:  # the target's step graph serves; the draft's caches compress compiled too
+                compile_decode(decode_one_token, draft.model, caches=draft.caches)
+    return VerifyGraph(spec.k + 1) if compile else None
+
+
+def warm_up(session, temperature: float, top_k) -> None:
+    """Run (and so compile) a verify step of k + 1 tokens and the draft's steps; the caller
+    resets the session after."""
+    k = session.speculation.k
+    with torch.inference_mode():
+        verify(session.model, session.caches, [0] * (k + 1), 0, session.verify_graph)
+        for cache in session.caches:
+            cache.accept(k + 1)
+        draft = session.speculation.draft
+        if isinstance(draft, ModelDraft):
+            draft.propose([0, 0], k, temperature, top_k)
+            draft.reset()
