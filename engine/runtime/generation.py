@@ -28,6 +28,7 @@ from caches.region import RegionCache
 from core.errors import UserError
 from caches.attention import through_cache
 from core import kernels
+from engine.runtime import speculative
 from engine.runtime.prefill import (prefill, prefill_chunk, read_prompt, settle_left)
 from engine.runtime.steps import forward, reset_steps, run, steps
 from model import Transformer, block_input, block_output
@@ -358,8 +359,16 @@ class Session:
             self.prefill_fn = compile_prompt(model)
         self.speculation, self.verify_graph = speculation, None
         if speculation is not None:
-            from engine.runtime.speculative import prepare
-            self.verify_graph = prepare(self, speculation, compile)
+            speculative.check(self, speculation)
+            draft = getattr(speculation.draft, "model", None)
+            if compile:  # the verify step of k + 1 tokens, and the draft model's step
+                self.verify_graph = speculative.VerifyGraph(speculation.k + 1)
+                if draft is not None and draft is not model:
+                    compile_decode(decode_one_token, draft, caches=speculation.draft.caches)
+                elif draft is not None:  # the target's step graph serves; its compression too
+                    for cache in speculation.draft.caches:
+                        if isinstance(cache, RegionCache):
+                            cache.compiled_compress, cache.compiled_bulk = _COMPRESS["inductor"]
         self.reset()
 
     # ---- state -----------------------------------------------------------------------------
@@ -502,7 +511,6 @@ class Session:
     def _speculate(self, max_new_tokens: int, temperature: float, top_k, eos_ids,
                    callback) -> Generation:
         """generate's loop by speculative decoding (engine/runtime/speculative.py)."""
-        from engine.runtime.speculative import Stats, speculate
         eos = set(eos_ids)
         t0 = time.perf_counter()
         if self.pending is not None:  # given out by the last call; read by the first step
@@ -516,9 +524,9 @@ class Session:
                 callback(first)
         self.logits, self.pending = None, None
         t1 = time.perf_counter()
-        self.spec_stats = Stats()
+        self.spec_stats = speculative.Stats()
         if not (eos and first in eos and new):
-            new += speculate(self, self.speculation, first, len(self.tokens[0]),
+            new += speculative.speculate(self, self.speculation, first, len(self.tokens[0]),
                              max_new_tokens, temperature, top_k, eos, callback,
                              self.spec_stats)
         sync(self.device)
@@ -545,8 +553,7 @@ class Session:
                            torch.full((self.batch_size, 1), t, device=self.device),
                            temperature, top_k)
         if self.speculation is not None:
-            from engine.runtime.speculative import warm_up
-            warm_up(self, temperature, top_k)
+            speculative.warm_up(self, temperature, top_k)
         chunk = self.prefill_chunk
         if chunk is not None and chunk < self.max_seq_length:  # compiles chunk compression
             self.reset()

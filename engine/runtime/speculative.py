@@ -277,9 +277,8 @@ class VerifyGraph:
         return self.graph(model, idx, input_pos, caches)
 
 
-def prepare(session, spec: Speculation, compile: bool) -> Optional[VerifyGraph]:
-    """Check that a session can speculate, and compile what it will run: the verify step of
-    k + 1 tokens and the draft's single step."""
+def check(session, spec: Speculation) -> None:
+    """UserError where a session cannot speculate with `spec`."""
     if session.batch_size != 1:
         raise UserError("speculative decoding runs one stream: use batch size 1")
     if any(isinstance(c, RegionCache) and c.interval == 1 for c in session.caches):
@@ -287,18 +286,11 @@ def prepare(session, spec: Speculation, compile: bool) -> Optional[VerifyGraph]:
                         "a schedule: set `compression_interval` above 1 (the verify step "
                         "never crosses a compression; the cache's chunk is the largest)")
     draft = spec.draft
-    if isinstance(draft, ModelDraft):
-        if draft.model.args.vocab_size != session.model.args.vocab_size:
-            raise UserError(f"the draft's vocabulary has {draft.model.args.vocab_size} tokens, "
-                            f"the target's {session.model.args.vocab_size}: a draft must share "
-                            f"the target's tokenizer")
-        if compile:
-            from engine.runtime.generation import compile_decode, decode_one_token
-            if draft.model is not session.model:
-                compile_decode(decode_one_token, draft.model, caches=draft.caches)
-            else:  # the target's step graph serves; the draft's caches compress compiled too
-                compile_decode(decode_one_token, draft.model, caches=draft.caches)
-    return VerifyGraph(spec.k + 1) if compile else None
+    if isinstance(draft, ModelDraft) and \
+            draft.model.args.vocab_size != session.model.args.vocab_size:
+        raise UserError(f"the draft's vocabulary has {draft.model.args.vocab_size} tokens, the "
+                        f"target's {session.model.args.vocab_size}: a draft must share the "
+                        f"target's tokenizer")
 
 
 def warm_up(session, temperature: float, top_k) -> None:
