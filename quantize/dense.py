@@ -86,6 +86,13 @@ def streamed(x: Tensor) -> bool:
     return torch.compiler.is_compiling() and x.numel() <= STREAM_ROWS * x.shape[-1]
 
 
+def kerneled(x: Tensor, plain: Tensor) -> bool:
+    """Whether x, a linear's input in a compiled step, goes through the GEMV kernel: up to
+    GEMV_ROWS rows (a verify step's tokens too), the weight read once for all of them."""
+    return torch.compiler.is_compiling() and x.dtype == plain.dtype and \
+        x.numel() <= kernels.GEMV_ROWS * x.shape[-1] and kernels.serve_linears()
+
+
 # The engine's own ops, defined on the dispatcher directly: a compiled step calls them from its
 # wrapper in a few us, where torch.library.custom_op's Python layers took ~8-16
 _LIB = torch.library.Library("regionkv", "DEF")
@@ -154,11 +161,11 @@ class PackedLinear(nn.Module):
             w = self.plain if self.plain is not None else torch.ops.regionkv.unpacked(
                 self.packed, self.out_features, self.in_features)
             y = F.linear(x, w)
+        elif self.plain is not None and kerneled(x, self.plain):
+            y = kernels.gemv(x, self.plain)
         elif self.plain is not None and streamed(x):
-            if kernels.serve_linears() and x.dtype == self.plain.dtype:
-                y = kernels.gemv(x, self.plain)
-            else:  # float32 products summed in float32, rounded once, as oneDNN does
-                y = (self.plain.float() * x.float().unsqueeze(-2)).sum(-1).to(x.dtype)
+            # float32 products summed in float32, rounded once, as oneDNN does
+            y = (self.plain.float() * x.float().unsqueeze(-2)).sum(-1).to(x.dtype)
         elif self.onednn:
             y = packed_linear(x, self.packed, self.out_features)
         elif x.numel() >= WIDEN_ROWS * self.in_features:

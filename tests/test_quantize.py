@@ -555,14 +555,14 @@ def gemv_kernels() -> list:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_gemv_kernel_gives_the_float32_sum_rounded_once(dtype):
-    """regionkv::gemv: x @ w.T for 1 or 2 rows, float32 products and sums rounded once to the
+    """regionkv::gemv: x @ w.T for 1 to 8 rows, float32 products and sums rounded once to the
     dtype, by each kernel this CPU has (tails of rows and of features included), for any
     leading shape and a strided x; bad input is a clear error, not a crash."""
     from core.kernels import gemv
     g = torch.Generator().manual_seed(0)
     for n, k in [(960, 576), (7, 40), (130, 34), (3, 1536)]:
         w = torch.randn(n, k, generator=g).to(dtype)
-        for shape in [(1, k), (2, k), (2, 1, k), (k,)]:
+        for shape in [(1, k), (2, k), (2, 1, k), (k,), (5, k), (1, 8, k)]:
             x = torch.randn(*shape, generator=g).to(dtype)
             want = x.double() @ w.double().T
             for kernel in gemv_kernels():
@@ -577,8 +577,8 @@ def test_every_gemv_kernel_gives_the_float32_sum_rounded_once(dtype):
         torch.testing.assert_close(gemv(x, w).double(), x.double() @ w.double().T,
                                    rtol=1e-2, atol=1e-2)
     w = torch.randn(8, 16).to(dtype)
-    with pytest.raises(RuntimeError, match="1 or 2 rows"):
-        gemv(torch.randn(3, 16).to(dtype), w)
+    with pytest.raises(RuntimeError, match="1 to 8 rows"):
+        gemv(torch.randn(9, 16).to(dtype), w)
     with pytest.raises(RuntimeError, match="must both be float32 or both bfloat16"):
         gemv(torch.randn(1, 16, dtype=torch.float64), w)
     with pytest.raises(RuntimeError, match="features"):
@@ -590,13 +590,14 @@ def test_every_gemv_kernel_gives_the_float32_sum_rounded_once(dtype):
 @pytest.mark.parametrize("onednn", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_few_row_steps_call_the_gemv_kernel(dtype, onednn, monkeypatch):
-    """Where the GEMV kernel builds, a compiled step of 1 or 2 rows streams every block linear
-    and a tied head through it, in both dtypes (a plain copy beside oneDNN's, also where AMX
-    keeps bfloat16 on oneDNN otherwise), with no stored norms; more rows stay on oneDNN."""
+    """Where the GEMV kernel builds, a compiled step of 1 to 8 rows (a batch, a verify step)
+    streams every block linear and a tied head through it, in both dtypes (a plain copy beside
+    oneDNN's, also where AMX keeps bfloat16 on oneDNN otherwise), with no stored norms; more
+    rows stay on oneDNN."""
     from engine.runtime.generation import compile_decode, decode_one_token
     from model import run_head
-    from quantize.dense import (STREAM_ROWS, PackedLinear, pack_dense_linears,
-                                stream_compiled_decode)
+    from core.kernels import GEMV_ROWS
+    from quantize.dense import PackedLinear, pack_dense_linears, stream_compiled_decode
     gemv_kernels()
     if not onednn:
         without_onednn(monkeypatch)
@@ -615,12 +616,12 @@ def test_compiled_few_row_steps_call_the_gemv_kernel(dtype, onednn, monkeypatch)
     step = torch.compile(norms_and_linears, fullgraph=True, dynamic=False, backend=backend)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     with torch.inference_mode():
-        for rows in (1, STREAM_ROWS, STREAM_ROWS + 1):
+        for rows in (1, 2, 5, GEMV_ROWS, GEMV_ROWS + 1):
             x = torch.randn(rows, 1, m.args.dim, dtype=dtype)
             for got, want in zip(step(m.layers[0], x), norms_and_linears(m.layers[0], x)):
                 torch.testing.assert_close(got, want, **tol)
             calls = sum("regionkv.gemv" in t for t in graphs[-1])
-            assert calls == (4 if rows <= STREAM_ROWS else 0), (rows, graphs[-1])
+            assert calls == (4 if rows <= GEMV_ROWS else 0), (rows, graphs[-1])
             assert not any("regionkv.stored" in t for t in graphs[-1])
         head = torch.compile(run_head, fullgraph=True, dynamic=False, backend=backend)
         x = torch.randn(1, 1, m.args.dim, dtype=dtype)

@@ -169,8 +169,12 @@ def serve_widen(words: Tensor) -> bool:
     return words.device.type == "cpu" and words.stride(-1) == 1 and available()
 
 
+GEMV_ROWS = 8
+
+
 def gemv(x: Tensor, w: Tensor, kernel: int | None = None) -> Tensor:
-    """x @ w.T in x's dtype (float32 sums), x of 1 or 2 rows; available() must be True."""
+    """x @ w.T in x's dtype (float32 sums), x of 1 to GEMV_ROWS rows, the weight read once for
+    all of them; available() must be True."""
     return torch.ops.regionkv.gemv(x, w, KERNEL if kernel is None else kernel)
 
 

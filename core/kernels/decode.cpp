@@ -1,6 +1,7 @@
 // The engine's own CPU kernels for a compiled decode step (kernels/__init__.py builds this file
 // once per machine):
-//   regionkv::gemv(x, w, isa)      y = x @ w^T for the one or two rows of a step's linears
+//   regionkv::gemv(x, w, isa)      y = x @ w^T for the 1-8 rows of a step's linears (a decode
+//                                   step's batch, a verify step's tokens), the weight read once
 //   regionkv::scores(q, k, isa)    q . k for a few query rows over a stretch of cached keys
 //   regionkv::mix(p, v, isa)       p @ v: attention's weights over a stretch of cached values
 //   regionkv::scores8 / mix8        the same over an INT8 stretch (codes four to a word, per-slot
@@ -267,15 +268,23 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, int64_t isa) {
   const int64_t N = w.size(0), K = w.size(1);
   TORCH_CHECK(x.size(-1) == K, "regionkv::gemv: x has ", x.size(-1), " features, w ", K);
   const int64_t M = K ? x.numel() / K : 0;
-  TORCH_CHECK(M == 1 || M == 2, "regionkv::gemv: x must hold 1 or 2 rows, not ", M);
+  TORCH_CHECK(M >= 1 && M <= 8, "regionkv::gemv: x must hold 1 to 8 rows, not ", M);
   TORCH_CHECK(cpu_has(isa) && !(isa == 1 && w.scalar_type() == at::kBFloat16 && K % 2),
               "regionkv::gemv: kernel ", isa, " does not run here");
   at::Tensor xc = x.contiguous();
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = N;
   at::Tensor y = at::empty(sizes, w.options());
-  if (M == 1) run<1>(xc, w, y, isa);
-  else run<2>(xc, w, y, isa);
+  switch (M) {  // a row per sum chain: every row's sums from one read of the weight
+    case 1: run<1>(xc, w, y, isa); break;
+    case 2: run<2>(xc, w, y, isa); break;
+    case 3: run<3>(xc, w, y, isa); break;
+    case 4: run<4>(xc, w, y, isa); break;
+    case 5: run<5>(xc, w, y, isa); break;
+    case 6: run<6>(xc, w, y, isa); break;
+    case 7: run<7>(xc, w, y, isa); break;
+    default: run<8>(xc, w, y, isa);
+  }
   return y;
 }
 
