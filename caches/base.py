@@ -140,6 +140,8 @@ class KVCache(nn.Module):
         # Set by build_caches under tensor parallelism (engine/runtime/tp.py): this rank holds KV
         # heads [shard.offset, shard.offset + Hkv) of shard.total; shard.all_reduce sums over ranks.
         self.shard = None
+        # An attribute of its own from the start: a compiled step guards on where it finds it.
+        self.verifying = False
         self.register_buffer("rope", rope, persistent=False)  # [max_len, D // 2, 2] float32
 
     def attend(self, input_pos: Tensor, q: Tensor, k: Tensor, v: Tensor) -> Tensor:

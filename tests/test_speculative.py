@@ -20,7 +20,7 @@ VARIANTS = [(p, {}) for p in POLICIES] + \
 def factory(name, **kw):
     if name == "full":
         return make_cache_factory(name, **kw)
-    return make_cache_factory(name, cache_size=16, chunk=8, compression_interval=8, **kw)
+    return make_cache_factory(name, cache_size=16, chunk=8, compression_interval=4, **kw)
 
 
 class ScriptDraft:

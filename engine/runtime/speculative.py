@@ -106,7 +106,7 @@ class ModelDraft:
 
     def _catch_up(self, stream: list) -> None:
         same = 0
-        for a, b in zip(self.read, stream):
+        for a, b in zip(self.read, stream[:-1]):  # the last is read again: its logits are gone
             if a != b:
                 break
             same += 1
@@ -210,7 +210,7 @@ def judge(logits: Tensor, drafts: list, draft_probs: Optional[Tensor], temperatu
         return out + [best[len(drafts)]]
     p = probabilities(logits, temperature, top_k)
     for i, d in enumerate(drafts):
-        q = None if draft_probs is None else draft_probs[i]
+        q = None if draft_probs is None or i >= len(draft_probs) else draft_probs[i]
         q_d = 1.0 if q is None else float(q[d])
         if float(torch.rand(())) * q_d < float(p[i, d]):  # accept with min(1, p / q)
             out.append(d)
@@ -228,33 +228,43 @@ def speculate(session, spec: Speculation, first: int, pos: int, max_new_tokens: 
               temperature: float, top_k, eos: set, callback, stats: Stats) -> list:
     """Continue a one-row session whose token `first` (already given out) is pending at
     position `pos`: up to max_new_tokens more tokens, which are returned; every token but the
-    last is read into the caches."""
-    out, token = [], first
-    graph = session.verify_graph
+    last is read into the caches.
+
+    Every verify step reads k + 1 tokens (one shape, one compiled graph): a draft that guesses
+    fewer is padded with its last guess. What a step may keep is capped instead: by the tokens
+    still wanted and the next compression pass (the last k positions of a bounded stream go
+    by plain steps). Tokens past the cap are read
+    and rejected; they cannot disturb the ones before them (each attends only to earlier
+    positions) nor the tokens waiting for the pass (check: the ring has room for both)."""
+    out, token, k = [], first, spec.k
+    model, caches = session.model, session.caches
     while len(out) < max_new_tokens:
-        room = min(spec.k + 1, max_new_tokens - len(out), room_before_pass(session.caches, pos))
-        if not session.unbounded:
-            room = min(room, session.max_seq_length - pos)
+        cap = min(max_new_tokens - len(out), room_before_pass(caches, pos))
+        # the block's positions must exist: near the end of a bounded stream, plain steps
+        fits = session.unbounded or pos + k < session.max_seq_length
         stream = session.tokens[0] + [token]
-        drafts, draft_probs = spec.draft.propose(stream, room - 1, temperature, top_k) \
-            if room > 1 else ([], None)
-        drafts = drafts[:room - 1]
-        if draft_probs is not None:
-            draft_probs = draft_probs[:len(drafts)]
-        block = [token] + drafts
-        logits = verify(session.model, session.caches, block, pos, graph)
-        made = judge(logits, drafts, draft_probs, temperature, top_k)
-        if eos:  # stop at the first EOS, reading nothing after it
-            for i, t in enumerate(made):
-                if t in eos:
-                    made = made[:i + 1]
-                    break
-        for cache in session.caches:
-            cache.accept(len(made))
+        drafts, draft_probs = spec.draft.propose(stream, k, temperature, top_k) \
+            if cap > 1 and fits else ([], None)
+        drafts = drafts[:k]
+        if not drafts:  # nothing to verify: a plain step
+            idx = torch.tensor([[token]], device=model.device)
+            logits = forward(model, idx, torch.tensor([[pos]], device=model.device), caches)
+            made = judge(logits[0], [], None, temperature, top_k)
+        else:
+            if draft_probs is not None:
+                draft_probs = draft_probs[:len(drafts)]
+            guessed = min(len(drafts), cap - 1)
+            drafts = drafts + drafts[-1:] * (k - len(drafts))
+            logits = verify(model, caches, [token] + drafts, pos, session.verify_graph)
+            made = judge(logits, drafts, draft_probs, temperature, top_k)[:cap]
+            if eos:  # stop at the first EOS, reading nothing after it
+                made = next((made[:i + 1] for i, t in enumerate(made) if t in eos), made)
+            for cache in caches:
+                cache.accept(len(made))
+            stats.drafted += guessed
+            stats.accepted += len(made) - 1
         stats.steps += 1
-        stats.drafted += len(drafts)
-        stats.accepted += len(made) - 1
-        session.tokens[0] += block[:len(made)]
+        session.tokens[0] += ([token] + drafts)[:len(made)]
         pos += len(made)
         token = made[-1]
         for t in made:
@@ -267,7 +277,7 @@ def speculate(session, spec: Speculation, first: int, pos: int, max_new_tokens: 
 
 
 class VerifyGraph:
-    """The verify step of k + 1 tokens compiled (one shape; shorter blocks run eager)."""
+    """The verify step of k + 1 tokens compiled."""
 
     def __init__(self, rows: int, backend="inductor"):
         self.rows = rows
@@ -281,10 +291,12 @@ def check(session, spec: Speculation) -> None:
     """UserError where a session cannot speculate with `spec`."""
     if session.batch_size != 1:
         raise UserError("speculative decoding runs one stream: use batch size 1")
-    if any(isinstance(c, RegionCache) and c.interval == 1 for c in session.caches):
-        raise UserError("speculative decoding over a compressing cache needs it to compress on "
-                        "a schedule: set `compression_interval` above 1 (the verify step "
-                        "never crosses a compression; the cache's chunk is the largest)")
+    for c in session.caches:
+        if isinstance(c, RegionCache) and not 1 < c.interval <= c.chunk - spec.k:
+            raise UserError(f"speculative decoding over a compressing cache needs it to "
+                            f"compress on a schedule that leaves room for k + 1 tokens: "
+                            f"`compression_interval` between 2 and the chunk ({c.chunk}) - "
+                            f"k ({spec.k}), got {c.interval}")
     draft = spec.draft
     if isinstance(draft, ModelDraft) and \
             draft.model.args.vocab_size != session.model.args.vocab_size:
