@@ -94,6 +94,23 @@ def build_parser() -> Parser:
     p.add_argument("--text_file", default=None,
                    help="text of the context prompt (default: data/corpora/wiki.txt if prepared, "
                         "else tests/data/kjv_genesis_1_2.txt; repeated when too short)")
+    p.add_argument("--speculate", type=comma_list(str, "drafts"), default=[],
+                   help="also time speculative decoding, a row per draft beside the plain one "
+                        "(its speedup): ngram (prompt lookup), cache (the target's weights over "
+                        "--draft_cache), or a draft checkpoint (a directory or embedded name); "
+                        "a compressing cache then compresses every chunk - k positions, plain "
+                        "rows too (the lossless reference)")
+    p.add_argument("--speculate_k", type=positive_int, default=4,
+                   help="tokens a draft guesses a step (default 4)")
+    p.add_argument("--ngram", type=positive_int, default=3, help="prompt lookup's longest n-gram")
+    p.add_argument("--draft_cache", default="streaming",
+                   help="the cache of --speculate cache (default streaming)")
+    p.add_argument("--draft_cache_size", type=positive_int, default=256,
+                   help="its retained tokens (default 256)")
+    p.add_argument("--task", choices=["continue", "copy"], default="continue",
+                   help="continue: the context is text that the model continues; copy: half "
+                        "the context is the text, the rest its beginning again (a copy-heavy "
+                        "continuation, where prompt lookup pays)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return p
 
@@ -283,6 +300,15 @@ def kv_bytes_per_token(caches, filled: int) -> int:
     return total
 
 
+def task_prompt(ids: list, context: int, task: str) -> list:
+    """The context's ids: the text (continue), or half of it followed by its beginning again
+    (copy: the model's continuation repeats what it has read)."""
+    if task == "continue":
+        return ids[:context]
+    half = context // 2
+    return ids[:half] + ids[:context - half]
+
+
 def context_ids(tokenizer, n: int, text_file) -> list:
     path = Path(text_file) if text_file else next((p for p in TEXT_FILES if p.is_file()), None)
     if path is None or not path.is_file():
@@ -303,17 +329,38 @@ def context_ids(tokenizer, n: int, text_file) -> list:
     return ids[:n]
 
 
+def speculation_for(draft: str, model, max_seq_length: int, args):
+    """The Speculation of a --speculate draft name, on the target `model`."""
+    from caches import make_cache_factory
+    from engine.runtime.speculative import ModelDraft, NgramDraft, Speculation
+    if draft == "ngram":
+        return Speculation(NgramDraft(args.ngram), args.speculate_k)
+    if draft == "cache":
+        cache = make_cache_factory(args.draft_cache, cache_size=args.draft_cache_size)
+        return Speculation(ModelDraft(model, cache, max_seq_length,
+                                      f"target over {args.draft_cache} {args.draft_cache_size}"),
+                           args.speculate_k)
+    from engine.loading.checkpoint import load_model
+    from engine.loading.default_model import resolve_checkpoint
+    ckpt = resolve_checkpoint(draft)
+    small = load_model(ckpt, device=model.device, dtype=model.dtype)
+    return Speculation(ModelDraft(small, make_cache_factory("full"), max_seq_length, ckpt.name),
+                       args.speculate_k)
+
+
 def bench_engine(model, policy, factory, settings, context, prompt, args, compiled, device,
-                 batch=1):
+                 batch=1, draft=None):
     from engine.runtime.generation import Generator
     if compiled:
         torch.compiler.reset()  # every row compiles from scratch: compile_s is its own
     reset_peak_memory(device)
     # +1: prefill makes the first token, then new_tokens decode steps are timed.
     compile_prefill = compiled and args.compile_prefill
-    gen = Generator(model, context + args.new_tokens + 1, batch_size=batch, make_cache=factory,
+    length = context + args.new_tokens + 1
+    speculation = speculation_for(draft, model, length, args) if draft else None
+    gen = Generator(model, length, batch_size=batch, make_cache=factory,
                     compile=compiled, compile_prefill=compile_prefill,
-                    bake_weights=compiled and args.bake_weights)
+                    bake_weights=compiled and args.bake_weights, speculation=speculation)
     warm = gen.warmup(0.0, None)
     # A short untimed run warms the loop, the chunked-prefill graph and anything the warm-up
     # step did not reach, without paying for a long prefill (median of repeats absorbs the rest).
@@ -339,8 +386,25 @@ def bench_engine(model, policy, factory, settings, context, prompt, args, compil
                peak_memory_bytes=peak_memory(device), cache_bytes=gen.cache_bytes,
                weight_bytes_per_token=w, kv_bytes_per_token=kv, bytes_per_token=w + kv,
                bandwidth_gbs=(w + kv) * steps / 1e9, new_ids=runs[0].new_ids[0])
+    if speculation is not None:
+        stats = gen.spec_stats  # the last run's
+        row.update(engine="speculative", draft=speculation.draft.describe(),
+                   speculate_k=speculation.k, acceptance=stats.acceptance,
+                   mean_accepted=stats.mean_accepted, verify_steps=stats.steps)
     del gen
     return row
+
+
+def add_speedups(rows) -> None:
+    """A speculative row's speedup over the plain row of the same settings (same process),
+    and whether its greedy tokens are the plain row's."""
+    key = ("policy", "context", "batch_size", "compiled")
+    plain = {tuple(r[k] for k in key): r for r in rows if r["engine"] == "regionkv"}
+    for r in rows:
+        base = plain.get(tuple(r[k] for k in key))
+        if r["engine"] == "speculative" and base:
+            r["speedup"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
+            r["same_tokens"] = r["new_ids"] == base["new_ids"]
 
 
 def add_overheads(rows) -> None:
@@ -348,7 +412,7 @@ def add_overheads(rows) -> None:
     at the same context, or else of full at a context equal to the budget (same retained size),
     at the same batch size."""
     ms = {(r["policy"], r["cache_size"], r["context"], r["compiled"], r["batch_size"]):
-          r["decode_ms_per_token"] for r in rows}
+          r["decode_ms_per_token"] for r in rows if r["engine"] == "regionkv"}
     for r in rows:
         r["overhead_ms_per_token"] = r["overhead_vs"] = None
         if r["policy"] == "full" or r["decode_ms_per_token"] is None:
@@ -574,7 +638,7 @@ def run_llama_cpp(model, cfg, ckpt, dtype, device, factories, prompt, args, note
 def add_peer_ratios(rows, peer_rows) -> None:
     for p in peer_rows:
         p["engine_over_peer"], p["tokens_match"] = {}, None
-        for r in rows:
+        for r in (r for r in rows if r["engine"] == "regionkv"):
             if (r["policy"], r["context"], r["cache_size"], r["batch_size"]) != \
                     (p["policy"], p["context"], p["cache_size"], 1):
                 continue
@@ -653,6 +717,12 @@ def print_table(result) -> None:
               f"{r['bytes_per_token'] / 1e6:>8.1f}{r['bandwidth_gbs']:>7.1f}"
               f"{100 * r['bandwidth_fraction']:>5.0f}{r['cache_bytes'] / 2**20:>9.1f}"
               f"{r['peak_memory_bytes'] / 2**20:>8.0f}")
+        if "draft" in r:
+            same = {True: "greedy tokens match", False: "greedy tokens DIFFER"}.get(
+                r.get("same_tokens"), "")
+            print(f"{'':<13}  [{r['draft']}, k {r['speculate_k']}: {r.get('speedup', 0):.2f}x "
+                  f"the plain row, {r['acceptance']:.0%} accepted, {r['mean_accepted']:.2f} "
+                  f"tokens a step; {same}]")
     for p in result["peer_rows"]:
         ratios = ", ".join(f"{k} {v:.2f}x" for k, v in p["engine_over_peer"].items()) or "-"
         match = {None: "", True: ", greedy tokens match", False: ", greedy tokens DIFFER"}
@@ -678,6 +748,15 @@ def main(argv=None) -> None:
     if args.compile_prefill and args.compile == "off":
         raise UserError("--compile_prefill compiles the prompt of compiled rows: give --compile "
                         "on or both with it")
+    if args.speculate:
+        if args.batch_size != [1]:
+            raise UserError("--speculate times one stream: use --batch_size 1")
+        if any(c != "full" for c in args.cache) and args.compression_interval is None:
+            from caches import DEFAULT_CHUNK
+            args.compression_interval = (args.prefill_chunk or DEFAULT_CHUNK) - args.speculate_k
+            notes.append(f"--speculate: compressing caches compress every "
+                         f"{args.compression_interval} positions in every row (the lossless "
+                         f"reference)")
     policy_factories(args, [])  # bad cache flags fail before loading
     transformers = None
     if args.peer:
@@ -730,8 +809,13 @@ def main(argv=None) -> None:
                 for batch in args.batch_size:
                     say(f"{'compiled' if compiled else 'eager'} {policy} at context {ctx}, "
                         f"batch {batch}...")
-                    rows.append(bench_engine(model, policy, factory, settings, ctx, prompt[:ctx],
+                    text = task_prompt(prompt, ctx, args.task)
+                    rows.append(bench_engine(model, policy, factory, settings, ctx, text,
                                              args, compiled, device, batch))
+                    for draft in args.speculate if policy in args.cache else ():
+                        say(f"  speculating with {draft}...")
+                        rows.append(bench_engine(model, policy, factory, settings, ctx, text,
+                                                 args, compiled, device, batch, draft))
     say("measuring the machine's streaming-read bandwidth again...")
     probes += [machine_bandwidth_gbs(device) for _ in range(BANDWIDTH_PROBES[1])]
     measured = bandwidth_summary(probes)
@@ -739,6 +823,7 @@ def main(argv=None) -> None:
     for r in rows:
         r["bandwidth_fraction"] = r["bandwidth_gbs"] / bandwidth
     add_overheads(rows)
+    add_speedups(rows)
 
     peer_rows = []
     if transformers is not None:
