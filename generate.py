@@ -174,6 +174,9 @@ def start(args) -> Run:
     speculate = speculating(args)
     if speculate:
         schedule_for_speculation(args)
+        if args.draft_checkpoint_path:  # a wrong path fails before anything loads
+            from engine.loading.default_model import resolve_checkpoint
+            resolve_checkpoint(args.draft_checkpoint_path)
     cache_factory_from_args(args, seed=args.seed or 0)  # bad cache flags fail before loading
     from engine.loading.checkpoint import load_model, model_args
     from engine.runtime.generation import Generator, Session

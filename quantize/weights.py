@@ -30,6 +30,20 @@ from torch import Tensor
 
 from core.tensors import aligned
 
+# regionkv::int4_mm_cpu(x, qweight, groupsize, scales_zeros): aten's CPU INT4 product behind an
+# op of the engine's own, which compiled code calls as it is. Lowered by Inductor inside a
+# nested compiled region (a decode step's blocks), aten's op took its group size as a tensor
+# constant and refused it ("group size must be a scalar").
+_LIB = torch.library.Library("regionkv", "FRAGMENT")
+_LIB.define("int4_mm_cpu(Tensor x, Tensor qweight, int groupsize, Tensor scales_zeros) -> Tensor")
+_LIB.impl("int4_mm_cpu", lambda x, qweight, groupsize, scales_zeros:
+          torch.ops.aten._weight_int4pack_mm_for_cpu(x, qweight, groupsize, scales_zeros),
+          "CompositeExplicitAutograd")
+torch.library.register_fake(
+    "regionkv::int4_mm_cpu",
+    lambda x, qweight, groupsize, scales_zeros: x.new_empty(x.shape[0], scales_zeros.shape[1]),
+    lib=_LIB)
+
 MODES = ("int8", "int4")
 GROUPSIZES = (32, 64, 128, 256)
 DEFAULT_GROUPSIZE = 32  # finest grid the int4 kernels take: best quality (gpt-fast's default too)
@@ -283,12 +297,13 @@ class Int4Linear(QuantizedLinear):
 
     def _run(self, kernel: str, s: dict, x: Tensor) -> Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        if kernel == "int4pack_cpu":
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x2.to(torch.bfloat16), s["qweight"], self.groupsize, s["scales_zeros"])
-        if kernel.startswith("int4pack_cuda"):
-            return torch.ops.aten._weight_int4pack_mm(
-                x2.to(torch.bfloat16), s["qweight"], self.groupsize, s["scales_zeros"])
+        if kernel.startswith("int4pack"):
+            # The group size as the shapes give it: a module's int attribute is symbolic in a
+            # compiled step (allow_many_graphs), and the kernels take no symbolic group size.
+            groupsize = x2.shape[-1] // s["scales_zeros"].shape[0]
+            op = torch.ops.regionkv.int4_mm_cpu if kernel == "int4pack_cpu" \
+                else torch.ops.aten._weight_int4pack_mm
+            return op(x2.to(torch.bfloat16), s["qweight"], groupsize, s["scales_zeros"])
         w = dequantize_int4(s["qweight"], s["scales"], s["zeros"]).to(x.dtype)
         return F.linear(x2, w)
 

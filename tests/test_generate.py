@@ -82,6 +82,11 @@ def test_list_caches():
     (["--cache", "streaming", "--kv_middle", "int8"], "middle"),
     (["--cache", "h2o", "--window", "0"], "--window"),
     (["--dtype", "float64"], "invalid choice"),
+    (["--speculate_k", "4"], "--speculate_k needs a draft"),
+    (["--draft", "ngram", "--draft_cache", "streaming"], "needs no model"),
+    (["--draft", "ngram", "--cache", "h2o", "--compression_interval", "1"],
+     "--compression_interval above 1"),
+    (["--draft_checkpoint_path", "/nonexistent/draft"], "does not exist"),
 ])
 def test_bad_arguments_are_one_line_errors(args, needle):
     one_line_error(generate(*args), needle)
@@ -181,3 +186,29 @@ def test_the_cli_reuses_big_temporaries_instead_of_faulting_them_in(entry):
         assert faults < 1000, faults
     else:
         assert faults > 10 * 2 * 9728 * 0.9, faults
+
+
+def test_speculative_decoding_end_to_end(default_checkpoint, tmp_path):
+    """Each draft on the real default model gives the greedy tokens of the plain run with the
+    schedule speculation runs in (a compressing cache compresses every chunk - k = 28
+    positions), and reports its acceptance; prompt lookup accepts guesses on a prompt that
+    repeats itself."""
+    prompt = "def add(a, b):\n    return a + b\n\n" * 6 + "def add(a, b):\n"
+    common = ["--checkpoint_path", default_checkpoint, "--prompt", prompt, "--max_new_tokens",
+              "40", "--temperature", "0", "--json"]
+    for cache in (["--cache", "full"], ["--cache", "weightedkv", "--cache_size", "64",
+                                        "--kv_middle", "int8"]):
+        plain = generate(*common, *cache, *(["--compression_interval", "28"]
+                                            if "weightedkv" in cache else []))
+        assert plain.returncode == 0, plain.stderr
+        want = json.loads(plain.stdout)["token_ids"]
+        for draft in (["--draft", "ngram"], ["--draft_cache", "streaming",
+                                            "--draft_cache_size", "32"]):
+            proc = generate(*common, *cache, *draft, "--speculate_k", "4")
+            assert proc.returncode == 0, proc.stderr
+            out = json.loads(proc.stdout)
+            assert out["token_ids"] == want, (cache, draft)
+            spec = out["speculation"]
+            assert spec["k"] == 4 and 0 <= spec["acceptance"] <= 1 and spec["steps"] > 0
+            if draft[0] == "--draft":
+                assert spec["acceptance"] > 0.3, spec

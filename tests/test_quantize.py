@@ -238,6 +238,8 @@ def test_quantized_greedy_tokens_match_float(quantized, float_greedy, default_ch
     model = load_model(quantized[mode])
     got = Generator(model, 64).generate(ids, n).new_ids[0]
     assert got == ref[:n]
+    # the compiled step, its blocks one nested compiled region, runs the same kernels
+    assert Generator(model, 64, compile=True).generate(ids, n).new_ids[0] == got
     # bench.py's bytes per token count the packed codes and scales, not float weights
     from bench import weight_bytes_per_token
     a = model.args
