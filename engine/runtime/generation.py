@@ -428,6 +428,9 @@ class Session:
             self.logits = torch.cat([self._prefill([b], [r]) for b, r in enumerate(rows)])
         for b, r in enumerate(rows):
             self.tokens[b] += r
+        read = getattr(getattr(self.speculation, "draft", None), "read_stream", None)
+        if read:  # a draft model reads the prompt too, as prefill
+            read(self.tokens[0])
         sync(self.device)
         self._append_s += time.perf_counter() - t0
 

@@ -13,7 +13,9 @@ cache settings; sampling uses the standard rejection rule (accept a draft token 
 probability min(1, p(x) / q(x)), else draw from max(p - q, 0) normalised; a bonus token from
 p after a full acceptance), so every token is distributed as the target's.
 
-Drafts:
+A draft has `propose(stream, k, temperature, top_k) -> (k guesses, their distributions [k, V]
+or None for guesses made deterministically)`, and may have `read_stream(stream)` (read what the
+session read, as its prefill) and `reset()`. Drafts:
     NgramDraft   prompt lookup: the tokens that followed the latest earlier occurrence of the
                  stream's last n-gram (no model; for copy-heavy text).
     ModelDraft   a model with its own caches: a smaller or quantized checkpoint with the same
@@ -68,6 +70,9 @@ class NgramDraft:
                     return stream[start + n:start + n + k], None
         return [], None
 
+    def read_stream(self, stream: list) -> None:
+        """Nothing to read ahead: the lookup reads the stream as it guesses."""
+
     def describe(self) -> str:
         return f"prompt lookup ({self.ngram}-gram)"
 
@@ -103,6 +108,11 @@ class ModelDraft:
         self.logits = self.step_fn(self.model, idx, torch.tensor([[pos]], device=dev),
                                    self.caches)[:, -1]
         self.read.append(token)
+
+    def read_stream(self, stream: list) -> None:
+        """Read what the session has read (its prompt, a new turn), so that the first guess
+        costs no prompt read: the read counts as the session's prefill."""
+        self._catch_up(stream)
 
     def _catch_up(self, stream: list) -> None:
         same = 0
