@@ -15,6 +15,8 @@ for i in 1 2 3; do
 done
 soak serve-weightedkv serve --requests 500 --streams 4 --max_tokens 32 -- --cache weightedkv \
   --cache_size 256 --compile
+soak interactive-200 interactive --turns 200 -- --cache weightedkv --cache_size 256 \
+  --max_new_tokens 16 --temperature 0.7 --seed 1 --compile
 soak weightedkv-int8-20k generate --tokens 20000 -- --cache weightedkv --kv_middle int8 \
   --cache_size 256 --temperature 0.7 --seed 1 --compile --prompt "$P"
 for c in streaming h2o tova a2sf weightedkv-evict cam lagkv knorm keydiff quantized weightedkv; do
