@@ -212,11 +212,12 @@ def speculating(args) -> bool:
 
 def schedule_for_speculation(args) -> None:
     """A compressing cache that speculation reads must compress on a schedule (never inside a
-    verify step): without --compression_interval it compresses once per prompt chunk's worth
-    of positions."""
+    verify step): without --compression_interval every chunk - k positions, the longest
+    interval whose waiting tokens leave the staging slots room for a verify step."""
     from caches import DEFAULT_CHUNK
     if args.cache != "full" and getattr(args, "compression_interval", None) is None:
-        args.compression_interval = args.prefill_chunk or DEFAULT_CHUNK
+        k = args.speculate_k or 4
+        args.compression_interval = max(2, (args.prefill_chunk or DEFAULT_CHUNK) - k)
         if not getattr(args, "json", False):
             print(f"note: speculative decoding: the cache compresses every "
                   f"{args.compression_interval} positions (--compression_interval); the output "
