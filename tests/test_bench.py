@@ -179,13 +179,17 @@ def test_policy_overhead_is_measured_against_the_same_budget():
                                          "positions": "original", "prefill_chunk": 32,
                                          "prompt_compression": "bulk", "compression_interval": 4}
 
-    def row(policy, size, ctx, ms):
-        return dict(policy=policy, cache_size=size, context=ctx, compiled=False, batch_size=1,
-                    decode_ms_per_token=ms)
+    def row(policy, size, ctx, ms, engine="regionkv"):
+        return dict(engine=engine, policy=policy, cache_size=size, context=ctx, compiled=False,
+                    batch_size=1, decode_ms_per_token=ms, decode_tokens_per_s=1e3 / ms,
+                    new_ids=[1, 2])
     rows = [row("full", None, 64, 10.0), row("full", None, 1024, 14.0),
             row("streaming", 64, 1024, 11.0), row("weightedkv", 64, 1024, 12.5),
             row("weightedkv", 64, 4096, 13.0)]
-    bench.add_overheads(rows)
+    spec = row("streaming", 64, 1024, 5.5, engine="speculative")  # not a baseline
+    bench.add_overheads(rows + [spec])
+    bench.add_speedups(rows + [spec])
+    assert spec["speedup"] == 2.0 and spec["same_tokens"]
     over = {(r["policy"], r["context"]): (r["overhead_ms_per_token"], r["overhead_vs"])
             for r in rows}
     assert over[("weightedkv", 1024)] == (1.5, "streaming@1024")
