@@ -337,7 +337,8 @@ class Session:
                 steps, a longer compile: compile_decode).
             speculation: an engine.runtime.speculative.Speculation (a draft and k): generate
                 by speculative decoding (one row; a compressing cache must compress on a
-                schedule, `compression_interval` > 1, so that its output stays exact).
+                schedule, 1 < `compression_interval` <= chunk - k, so that its output stays
+                exact).
         """
         self.model = model
         self.device = model.device
