@@ -34,7 +34,8 @@ import torch
 
 from engine.cli import (CHECKPOINT_HELP, DTYPES, REGION_FLAGS, Parser,
                         add_bake_argument, add_cache_arguments, cache_factory_from_args,
-                        comma_list, layer_report, list_caches, positive_int, resolve_device,
+                        comma_list, layer_report, list_caches, positive_float, positive_int,
+                        resolve_device,
                         policy_option_names, resolve_dtype, run, size_cache_from_mib)
 from core.errors import UserError
 from core.memory import empty_on_huge_pages
@@ -80,6 +81,10 @@ def build_parser() -> Parser:
                    help="comma-separated tokens in the cache when decoding is timed")
     p.add_argument("--batch_size", type=int_list("positive batch sizes"), default=[1],
                    help="comma-separated batch sizes, e.g. 1,2,4 (the peer runs at 1 only)")
+    p.add_argument("--memory_gib", type=positive_float, default=None,
+                   help="throughput at equal memory: each policy runs as many streams as its "
+                        "caches fit in this many GiB at each context (instead of --batch_size), "
+                        "all holding one prompt read once and copied row to row")
     p.add_argument("--new_tokens", type=positive_int, default=32, help="decode steps timed")
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs; medians reported")
     p.add_argument("--compile", choices=["on", "off", "both"], default="both",
@@ -348,9 +353,19 @@ def speculation_for(draft: str, model, max_seq_length: int, args):
                        args.speculate_k)
 
 
+def streams_in(memory_gib: float, model, factory, length: int, dtype) -> int:
+    """The most streams of `length` positions whose caches (every layer, what the rows share
+    and the RoPE table included) fit in memory_gib."""
+    from caches import cache_nbytes
+    one, two = (cache_nbytes(model.args, b, length, dtype, factory) for b in (1, 2))
+    per_stream = two - one
+    return max(0, int((memory_gib * 2**30 - (one - per_stream)) // per_stream))
+
+
 def bench_engine(model, policy, factory, settings, context, prompt, args, compiled, device,
                  batch=1, draft=None):
-    from engine.runtime.generation import Generator
+    from engine.runtime.generation import Generator, Session
+    from engine.runtime.kernel_count import generated_code, step_launches
     if compiled:
         torch.compiler.reset()  # every row compiles from scratch: compile_s is its own
     reset_peak_memory(device)
@@ -361,18 +376,26 @@ def bench_engine(model, policy, factory, settings, context, prompt, args, compil
     gen = Generator(model, length, batch_size=batch, make_cache=factory,
                     compile=compiled, compile_prefill=compile_prefill,
                     bake_weights=compiled and args.bake_weights, speculation=speculation)
-    warm = gen.warmup(0.0, None)
+    with generated_code() as codes:
+        warm = gen.warmup(0.0, None)
+    shared = args.memory_gib is not None  # many streams: one prompt read, copied to each row
+
+    def run_once(ids, n):
+        if not shared:
+            return gen.generate(ids, n, temperature=0.0)
+        gen.reset()
+        gen.append_shared(ids)
+        return Session.generate(gen, n, temperature=0.0)
     # A short untimed run warms the loop, the chunked-prefill graph and anything the warm-up
     # step did not reach, without paying for a long prefill (median of repeats absorbs the rest).
     # A compiled prompt that is not chunked (the full cache's, or one read in one shot) has a
     # graph per length bucket: the whole prompt.
     t = time.perf_counter()
     whole = gen.prefill_chunk is None or any(getattr(c, "one_shot", False) for c in gen.caches)
-    gen.generate(prompt if compile_prefill and whole else prompt[:48], 3, temperature=0.0)
+    run_once(prompt if compile_prefill and whole else prompt[:48], 3)
     if compile_prefill:  # that run compiled the prompt's graph
         warm += time.perf_counter() - t
-    runs = [gen.generate(prompt, args.new_tokens + 1, temperature=0.0)
-            for _ in range(args.repeats)]
+    runs = [run_once(prompt, args.new_tokens + 1) for _ in range(args.repeats)]
     steps = statistics.median(g.tokens_per_s for g in runs)  # decode steps per second
     ttft = statistics.median(g.prefill_s for g in runs)
     w, kv = weight_bytes_per_token(model), kv_bytes_per_token(gen.caches, context)
@@ -381,8 +404,9 @@ def bench_engine(model, policy, factory, settings, context, prompt, args, compil
                baked_weights=compiled and args.bake_weights, new_tokens=args.new_tokens,
                decode_tokens_per_s=batch * steps,
                decode_ms_per_token=1e3 / steps if steps else None,
-               prefill_tokens_per_s=batch * context / ttft, ttft_s=ttft,
+               prefill_tokens_per_s=(1 if shared else batch) * context / ttft, ttft_s=ttft,
                compile_s=warm if compiled else None,
+               kernels_per_step=step_launches(codes) if compiled else None,
                peak_memory_bytes=peak_memory(device), cache_bytes=gen.cache_bytes,
                weight_bytes_per_token=w, kv_bytes_per_token=kv, bytes_per_token=w + kv,
                bandwidth_gbs=(w + kv) * steps / 1e9, new_ids=runs[0].new_ids[0])
@@ -405,6 +429,18 @@ def add_speedups(rows) -> None:
         if r["engine"] == "speculative" and base:
             r["speedup"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
             r["same_tokens"] = r["new_ids"] == base["new_ids"]
+
+
+def add_equal_memory(rows) -> None:
+    """--memory_gib: each row's streams and their tokens/s over `full`'s at the same context."""
+    key = ("context", "compiled", "memory_gib")
+    full = {tuple(r.get(k) for k in key): r for r in rows
+            if r["policy"] == "full" and r["engine"] == "regionkv"}
+    for r in rows:
+        base = full.get(tuple(r.get(k) for k in key))
+        if r.get("memory_gib") is not None and base and base["batch_size"]:
+            r["streams_over_full"] = r["batch_size"] / base["batch_size"]
+            r["throughput_over_full"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
 
 
 def add_overheads(rows) -> None:
@@ -706,7 +742,7 @@ def print_table(result) -> None:
           f"a last-level cache of {result['last_level_cache_bytes'] / 2**20:.0f} MiB)")
     head = (f"{'engine':<13}{'mode':<10}{'policy':<18}{'ctx':>6}{'B':>3}{'tok/s':>9}{'ms/tok':>8}"
             f"{'ovh ms':>8}{'prefill/s':>10}{'ttft s':>8}{'comp s':>8}{'MB/tok':>8}{'GB/s':>7}"
-            f"{'%bw':>5}{'cacheMiB':>9}{'peakMiB':>8}")
+            f"{'%bw':>5}{'cacheMiB':>9}{'peakMiB':>8}{'kern':>6}")
     print(head)
     for r in result["rows"]:
         mode = ("compiled" + "+" * r["compiled_prefill"]) if r["compiled"] else "eager"
@@ -716,7 +752,12 @@ def print_table(result) -> None:
               f"{r['ttft_s']:>8.3f}{fmt(r['compile_s'], '.1f'):>8}"
               f"{r['bytes_per_token'] / 1e6:>8.1f}{r['bandwidth_gbs']:>7.1f}"
               f"{100 * r['bandwidth_fraction']:>5.0f}{r['cache_bytes'] / 2**20:>9.1f}"
-              f"{r['peak_memory_bytes'] / 2**20:>8.0f}")
+              f"{r['peak_memory_bytes'] / 2**20:>8.0f}{fmt(r['kernels_per_step'], 'd'):>6}")
+        if r.get("memory_gib") is not None:
+            versus = (f": {r['streams_over_full']:.1f}x full's streams, "
+                      f"{r['throughput_over_full']:.2f}x its tokens/s"
+                      if "streams_over_full" in r else "")
+            print(f"{'':<13}  [{r['batch_size']} streams fit {r['memory_gib']:g} GiB{versus}]")
         if "draft" in r:
             same = {True: "greedy tokens match", False: "greedy tokens DIFFER"}.get(
                 r.get("same_tokens"), "")
@@ -748,8 +789,11 @@ def main(argv=None) -> None:
     if args.compile_prefill and args.compile == "off":
         raise UserError("--compile_prefill compiles the prompt of compiled rows: give --compile "
                         "on or both with it")
+    if args.memory_gib is not None and args.batch_size != [1]:
+        raise UserError("--memory_gib sets each policy's batch (the streams that fit); drop "
+                        "--batch_size")
     if args.speculate:
-        if args.batch_size != [1]:
+        if args.batch_size != [1] or args.memory_gib is not None:
             raise UserError("--speculate times one stream: use --batch_size 1")
         if any(c != "full" for c in args.cache) and args.compression_interval is None:
             from caches import DEFAULT_CHUNK
@@ -806,12 +850,21 @@ def main(argv=None) -> None:
     for compiled in modes:
         for policy, (factory, settings) in factories.items():
             for ctx in args.contexts:
-                for batch in args.batch_size:
+                batches = args.batch_size
+                if args.memory_gib is not None:
+                    batches = [streams_in(args.memory_gib, model, factory,
+                                          ctx + args.new_tokens + 1, dtype)]
+                    if not batches[0]:
+                        notes.append(f"{policy} at context {ctx}: one stream's caches exceed "
+                                     f"--memory_gib {args.memory_gib:g}; no row")
+                        continue
+                for batch in batches:
                     say(f"{'compiled' if compiled else 'eager'} {policy} at context {ctx}, "
                         f"batch {batch}...")
                     text = task_prompt(prompt, ctx, args.task)
                     rows.append(bench_engine(model, policy, factory, settings, ctx, text,
                                              args, compiled, device, batch))
+                    rows[-1]["memory_gib"] = args.memory_gib
                     for draft in args.speculate if policy in args.cache else ():
                         say(f"  speculating with {draft}...")
                         rows.append(bench_engine(model, policy, factory, settings, ctx, text,
@@ -824,6 +877,7 @@ def main(argv=None) -> None:
         r["bandwidth_fraction"] = r["bandwidth_gbs"] / bandwidth
     add_overheads(rows)
     add_speedups(rows)
+    add_equal_memory(rows)
 
     peer_rows = []
     if transformers is not None:
@@ -852,7 +906,7 @@ def main(argv=None) -> None:
                   str(dtype).removeprefix("torch."), "quantization": cfg.get("quantization"),
                   "parameters": sum(p.numel() for p in model.parameters())},
         "settings": {"new_tokens": args.new_tokens, "repeats": args.repeats,
-                     "batch_sizes": args.batch_size,
+                     "batch_sizes": args.batch_size, "memory_gib": args.memory_gib,
                      "contexts": args.contexts, "policies": args.cache},
         "rows": rows, "peer_rows": peer_rows, "notes": notes,
     }

@@ -4,6 +4,7 @@ import json
 import sys
 
 import pytest
+import torch
 from safetensors import safe_open
 
 from conftest import ROOT, run_cli
@@ -123,6 +124,8 @@ def assert_one_line_error(status, err, needle):
     (["--cache", "full", "--kv_middle", "int8"], "--kv_middle int8 needs a policy with a middle"),
     (["--compile", "off", "--compile_prefill"], "give --compile on or both with it"),
     (["--compile", "off", "--bake_weights"], "--bake_weights bakes the weights into compiled"),
+    (["--memory_gib", "1", "--batch_size", "4"], "--memory_gib sets each policy's batch"),
+    (["--memory_gib", "0"], "--memory_gib"),
 ])
 def test_bad_arguments_are_one_line_errors(args, needle, capsys):
     assert_one_line_error(*in_process("bench", args, capsys), needle)
@@ -196,6 +199,40 @@ def test_policy_overhead_is_measured_against_the_same_budget():
     assert over[("streaming", 1024)] == (1.0, "full@64")  # full holding the same 64 tokens
     assert over[("weightedkv", 4096)] == (3.0, "full@64")
     assert over[("full", 1024)] == (None, None)
+
+
+def test_equal_memory_runs_the_streams_that_fit(default_checkpoint):
+    """--memory_gib: each policy runs as many streams as its caches fit in that memory, every
+    stream holding the same prompt (read once, copied row to row), against full's streams."""
+    import bench
+    from caches import cache_nbytes
+    from engine.loading.checkpoint import load_model
+    gib, ctx = 0.02, 128
+    proc = run_cli("bench.py", "--checkpoint_path", default_checkpoint, "--contexts", ctx,
+                   "--new_tokens", NEW, "--repeats", 1, "--compile", "off", "--cache",
+                   "full,streaming", "--cache_size", CACHE_SIZE, "--memory_gib", gib, "--json",
+                   env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    rows = {r["policy"]: r for r in result["rows"]}
+    model = load_model(default_checkpoint)
+    args = bench.build_parser().parse_args(["--cache", "full,streaming",
+                                            "--cache_size", str(CACHE_SIZE)])
+    for name, (factory, _) in bench.policy_factories(args, []).items():
+        r, length = rows[name], ctx + NEW + 1
+        fits = [cache_nbytes(model.args, b, length, torch.float32, factory) <= gib * 2**30
+                for b in (r["batch_size"], r["batch_size"] + 1)]
+        assert fits == [True, False], name  # the most streams that fit
+        assert r["memory_gib"] == gib and r["cache_bytes"] <= gib * 2**30
+        assert r["kernels_per_step"] is None  # eager: nothing generated to count
+    full, streaming = rows["full"], rows["streaming"]
+    assert 1 < full["batch_size"] < streaming["batch_size"]  # 133 positions against 49 slots
+    assert streaming["streams_over_full"] == streaming["batch_size"] / full["batch_size"]
+    assert streaming["throughput_over_full"] == pytest.approx(
+        streaming["decode_tokens_per_s"] / full["decode_tokens_per_s"])
+    assert full["streams_over_full"] == 1.0
+    # the prompt is read once: prefill tokens/s counts one stream's
+    assert full["prefill_tokens_per_s"] == pytest.approx(ctx / full["ttft_s"])
 
 
 # ---- scripts/random_checkpoint.py: models of published shapes, for speed measurements ---------

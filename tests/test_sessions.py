@@ -40,6 +40,28 @@ def test_rows_of_different_lengths_equal_each_row_alone(name):
                 assert torch.equal(row[b].sort(-1).values, single[0].sort(-1).values)
 
 
+@pytest.mark.parametrize("name", ["full", "weightedkv", "lagkv", "cam"])
+def test_a_prompt_shared_by_every_row_is_read_once_and_copied(name):
+    """append_shared: one row reads the prompt, the others get copies of its state; every buffer
+    then equals what reading it in each row gives, and so does every row's continuation."""
+    model = tiny_model()
+    prompt = list(range(1, 30))
+    each, shared = (Session(model, factory(name), 128, batch_size=3) for _ in range(2))
+    each.append(prompt)
+    shared.append_shared(prompt)
+    for a, b in zip(each.caches, shared.caches):
+        for (key, x), y in zip(a.state().items(), b.state().values()):
+            if x.is_floating_point():  # products over three rows may round apart from one row's
+                torch.testing.assert_close(x, y, rtol=0, atol=1e-5, msg=key)
+            else:  # positions and index maps: the same tokens kept, in the same slots
+                assert torch.equal(x, y), key
+    torch.testing.assert_close(each.logits, shared.logits, rtol=0, atol=1e-5)
+    assert each.tokens == shared.tokens
+    assert each.generate(20).new_ids == shared.generate(20).new_ids
+    with pytest.raises(UserError, match="reset it first"):
+        shared.append_shared(prompt)
+
+
 @pytest.mark.parametrize("name", ["full"] + COMPRESSING)
 def test_append_continues_the_same_stream(name):
     # A session that appends twice and generates in between reads the same tokens as one that

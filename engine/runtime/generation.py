@@ -435,6 +435,28 @@ class Session:
         sync(self.device)
         self._append_s += time.perf_counter() - t0
 
+    @torch.inference_mode()
+    def append_shared(self, ids) -> None:
+        """append(ids) to every row of an empty session, reading ids once: row 0 reads them and
+        the other rows get copies of its cache state (what each would have read itself), so a
+        batch of B streams with one long prompt costs one prompt's prefill, not B."""
+        if any(self.tokens) or self.pending is not None:
+            raise UserError("append_shared starts a session: reset it first")
+        ids = list(map(int, ids))
+        if not ids:
+            raise UserError("nothing to append: the text is empty after tokenization")
+        self._room(len(ids))
+        t0 = time.perf_counter()
+        logits = self._prefill([0], [ids])
+        for cache in self.caches:
+            for name, buf in cache._buffers.items():
+                if buf is not None and name not in ("rope", "rng_key"):  # per row: dim 0
+                    buf[1:].copy_(buf[:1].expand_as(buf[1:]))
+        self.logits = logits.expand(self.batch_size, -1).contiguous()
+        self.tokens = [list(ids) for _ in range(self.batch_size)]
+        sync(self.device)
+        self._append_s += time.perf_counter() - t0
+
     def _prefill(self, row_ids: list, rows: list) -> Tensor:
         """Run rows (equal lengths) of the batch rows `row_ids` through their caches; return the
         logits [len(row_ids), V] after their last token."""
