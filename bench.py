@@ -85,6 +85,9 @@ def build_parser() -> Parser:
                    help="throughput at equal memory: each policy runs as many streams as its "
                         "caches fit in this many GiB at each context (instead of --batch_size), "
                         "all holding one prompt read once and copied row to row")
+    p.add_argument("--read_once", action="store_true",
+                   help="rows of a batch read their shared prompt once, copied row to row (a "
+                        "long prompt's prefill paid once, not per stream; --memory_gib does so)")
     p.add_argument("--new_tokens", type=positive_int, default=32, help="decode steps timed")
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs; medians reported")
     p.add_argument("--compile", choices=["on", "off", "both"], default="both",
@@ -378,7 +381,7 @@ def bench_engine(model, policy, factory, settings, context, prompt, args, compil
                     bake_weights=compiled and args.bake_weights, speculation=speculation)
     with generated_code() as codes:
         warm = gen.warmup(0.0, None)
-    shared = args.memory_gib is not None  # many streams: one prompt read, copied to each row
+    shared = batch > 1 and (args.read_once or args.memory_gib is not None)
 
     def run_once(ids, n):
         if not shared:

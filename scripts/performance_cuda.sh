@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The CUDA measurements behind docs/PERFORMANCE.md's GPU tables, one JSON file each (bfloat16,
-# batch 1, CUDA-graph decode). PART: default (the default model, against transformers),
+# CUDA-graph decode). PART: default (the default model, against transformers),
 # policies (one file per policy at 1k and 4k, or the slice that POLICIES and CONTEXTS name;
 # prompts compress in bulk, since token by token takes 30,000 uncaptured calls for a 1k prompt
 # on CUDA), 8b (Llama-3-8B shapes, random weights: scripts/random_checkpoint.py), attention
-# (scripts/attention_probe.py on the 8B's shapes, its part 2 on that random checkpoint) or all.
+# (scripts/attention_probe.py on the 8B's shapes, its part 2 on that random checkpoint), pays
+# (where compression must pay: long contexts, batches and equal memory, below) or all.
 #     scripts/performance_cuda.sh [OUT_DIR [PART]]
 # A GPU lease is short: every row runs in its own process under ROW_LIMIT seconds (default
-# 600), and a failing row is logged and the next one runs. MODEL=CKPT measures CKPT instead of
+# 600), a failing row is logged and the next one runs, and a row whose file exists is kept, so
+# a second call resumes where the first stopped. MODEL=CKPT measures CKPT instead of
 # the default model: on a GPU machine without it, a random checkpoint of its shapes
 # (`scripts/random_checkpoint.py CONFIG_DIR CKPT --like CONFIG_DIR`, where CONFIG_DIR holds its
 # config.json and tokenizer.json). LIKE=CKPT takes the random 8B model's tokenizer
@@ -22,6 +24,7 @@ model=(); [ -n "${MODEL:-}" ] && model=(--checkpoint_path "$MODEL")
 mkdir -p "$out" checkpoints
 run() {
   local name=$1; shift
+  [ -s "$out/$name.json" ] && { echo "== $name: kept" >&2; return; }
   echo "== $name: python bench.py $*" >&2
   timeout "$limit" python bench.py "$@" --device cuda --dtype bfloat16 --json > "$out/$name.json" \
     || { echo "== $name FAILED ($?)" >&2; rm -f "$out/$name.json"; }
@@ -61,4 +64,34 @@ if [ "$part" = 8b ] || [ "$part" = all ]; then
   random_8b
   run cuda-llama3-8b --checkpoint_path $ckpt --contexts 1024,4096 --new_tokens 64 --compile both --peer transformers
   run cuda-llama3-8b-policies-4k --checkpoint_path $ckpt --contexts 4096 --cache full,streaming,weightedkv --cache_size 256 --new_tokens 64 --compile on
+fi
+if [ "$part" = pays ]; then
+  # Llama-3.1-8B's shapes (128k positions) at 32k and 16k, batch 8 and 1, budgets 2048 and
+  # 1024, then equal memory, then the default model's shapes, then the server: in the order of
+  # the targets, so that a 15-minute lease measures the first rows and the next call the rest.
+  # A batch's rows share one prompt, read once (--read_once); streaming joins every process as
+  # the baseline; kernels_per_step is in every row.
+  long=checkpoints/llama-3.1-8b-random
+  [ -d $long ] || python scripts/random_checkpoint.py llama-3.1-8b $long --dtype bfloat16 --device cuda ${LIKE:+--like "$LIKE"}
+  l8=(--checkpoint_path $long --new_tokens 32 --repeats 2 --compile on --prompt_compression bulk)
+  run pays-8b-32k-b8-2048 "${l8[@]}" --contexts 32768 --batch_size 8 --read_once --cache full,weightedkv --cache_size 2048
+  # 48 GiB of cache beside 16 GiB of weights on an 80 GB card: full holds 12 streams at 32k
+  run pays-8b-32k-mem48 "${l8[@]}" --contexts 32768 --memory_gib 48 --cache full,weightedkv --kv_middle int8 --cache_size 2048
+  for group in quantized,h2o,lagkv cam,keydiff,weightedkv-evict tova,a2sf,knorm; do
+    run "pays-8b-32k-b8-2048-${group//,/-}" "${l8[@]}" --contexts 32768 --batch_size 8 --read_once --cache $group --cache_size 2048
+  done
+  run pays-8b-32k-b1-2048 "${l8[@]}" --contexts 32768 --cache full,weightedkv --cache_size 2048
+  for ctx in 16384 4096; do
+    run pays-8b-$((ctx / 1024))k-1024 "${l8[@]}" --contexts $ctx --batch_size 1,8 --read_once --cache full,weightedkv --cache_size 1024
+  done
+  run pays-8b-16k-mem48 "${l8[@]}" --contexts 16384 --memory_gib 48 --cache full,weightedkv,quantized --kv_middle int8 --cache_size 2048
+  # The default model's shapes: bound by kernel launches, not bytes
+  run pays-default-4k "${model[@]}" --contexts 4096 --batch_size 1,8 --read_once --new_tokens 64 --repeats 2 --compile on --prompt_compression bulk --cache full,weightedkv,lagkv,quantized,h2o,cam,keydiff --cache_size 256
+  run pays-default-4k-mem4 "${model[@]}" --contexts 4096 --memory_gib 4 --new_tokens 64 --repeats 2 --compile on --prompt_compression bulk --cache full,weightedkv --kv_middle int8 --cache_size 256
+  # The server's batch, one CUDA graph over its slots
+  for c in 1 8 32; do
+    [ -s "$out/pays-serve-$c.json" ] && continue
+    timeout "$limit" python bench_serve.py "${model[@]}" --device cuda --cache weightedkv --cache_size 256 --slots $c --compile --concurrency $c --requests 4 --max_tokens 64 --json > "$out/pays-serve-$c.json" \
+      || { echo "== pays-serve-$c FAILED ($?)" >&2; rm -f "$out/pays-serve-$c.json"; }
+  done
 fi

@@ -266,7 +266,7 @@ def test_random_checkpoint_has_the_shapes_and_loads(default_checkpoint, tmp_path
     r = run_cli("scripts/random_checkpoint.py", shape, outs[1])
     assert r.returncode == 2 and "exists; pass a new directory" in r.stderr
     r = run_cli("scripts/random_checkpoint.py", "llama-9", tmp_path / "c")
-    assert r.returncode == 2 and "unknown shape 'llama-9'; choose from llama-3-8b" in r.stderr
+    assert r.returncode == 2 and "unknown shape 'llama-9'; choose from llama-3-8b, llama-3.1-8b" in r.stderr
     assert not (tmp_path / "c").exists() and len(r.stderr.strip().splitlines()) == 1
 
 
@@ -278,4 +278,7 @@ def test_llama3_8b_shapes_have_its_published_parameter_count():
     from random_checkpoint import SHAPES
     with torch.device("meta"):
         model = Transformer(ModelArgs.from_dict(SHAPES["llama-3-8b"]))
+        long = Transformer(ModelArgs.from_dict(SHAPES["llama-3.1-8b"]))
     assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
+    assert sum(p.numel() for p in long.parameters()) == 8_030_261_248
+    assert long.args.max_position_embeddings == 131072 and long.args.rope_scaling["factor"] == 8
