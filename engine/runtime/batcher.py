@@ -42,6 +42,7 @@ from caches import CacheFactory, build_caches, make_cache_factory
 from caches.snapkv import compresses_whole
 from engine.runtime.generation import (check_prompt, compile_decode, compile_prompt, prefill,
                                prefill_chunk, read_prompt, row_view, warmup_positions)
+from engine.runtime.sampling import distribution
 from engine.runtime.steps import forward, reset_steps
 
 DEFAULT_PREFILL_TOKENS = 512
@@ -64,16 +65,7 @@ def sample_row(logits: Tensor, p: SamplingParams, generator: torch.Generator) ->
     """One token from logits [V] under temperature, top-k and nucleus (top-p) truncation."""
     if p.temperature <= 0:
         return int(logits.argmax())
-    logits = logits.float() / p.temperature
-    if p.top_k is not None and p.top_k < logits.numel():
-        pivot = torch.topk(logits, p.top_k).values[-1]
-        logits = logits.masked_fill(logits < pivot, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if p.top_p < 1.0:
-        # keep the most likely tokens until their mass reaches top_p (at least one)
-        sorted_p, order = probs.sort(descending=True)
-        sorted_p[(sorted_p.cumsum(0) - sorted_p) >= p.top_p] = 0
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+    probs = distribution(logits, p.temperature, p.top_k, p.top_p)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 

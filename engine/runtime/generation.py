@@ -30,26 +30,13 @@ from caches.attention import through_cache
 from core import kernels
 from engine.runtime import speculative
 from engine.runtime.prefill import (prefill, prefill_chunk, read_prompt, settle_left)
+from engine.runtime.sampling import sample
 from engine.runtime.steps import forward, reset_steps, run, steps
 from model import Transformer, block_input, block_output
 from quantize.dense import STREAM_ROWS, baking, baking_backend, stream_compiled_decode
 
 SESSION_FORMAT = "regionkv-session"
 SESSION_VERSION = 4  # bump when the saved layout changes; older files are refused by name
-
-
-def sample(logits: Tensor, temperature: float, top_k: Optional[int]) -> Tensor:
-    """logits [B, V] -> token ids [B, 1]; no host syncs (works inside a CUDA graph)."""
-    if temperature <= 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None:
-        pivot = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
-        logits = torch.where(logits < pivot, float("-inf"), logits)
-    probs = torch.softmax(logits, dim=-1)
-    # argmax(p / E) with E ~ Exp(1) draws from p (the exponential race), without a multinomial sync.
-    noise = torch.empty_like(probs).exponential_(1)
-    return (probs / noise).argmax(dim=-1, keepdim=True)
 
 
 def decode_one_token(model: Transformer, caches, token: Tensor, input_pos: Tensor,

@@ -35,18 +35,10 @@ from torch import Tensor
 from caches import build_caches
 from core.errors import UserError
 from engine.runtime.prefill import read_prompt
+from engine.runtime.sampling import distribution
 from engine.runtime.steps import forward, run
 from caches.region import RegionCache
 from model import Transformer
-
-
-def probabilities(logits: Tensor, temperature: float, top_k: Optional[int]) -> Tensor:
-    """logits [..., V] -> the sampling distribution (float32) that `sample` draws from."""
-    logits = logits.float() / temperature
-    if top_k is not None:
-        pivot = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[..., -1:]
-        logits = torch.where(logits < pivot, float("-inf"), logits)
-    return torch.softmax(logits, dim=-1)
 
 
 def draw(p: Tensor) -> int:
@@ -140,7 +132,7 @@ class ModelDraft:
             if temperature <= 0:
                 token = int(self.logits[0].argmax())
             else:
-                p = probabilities(self.logits[0], temperature, top_k)
+                p = distribution(self.logits[0], temperature, top_k)
                 token = draw(p)
                 dists.append(p)
             tokens.append(token)
@@ -218,7 +210,7 @@ def judge(logits: Tensor, drafts: list, draft_probs: Optional[Tensor], temperatu
                 return out + [best[i]]
             out.append(d)
         return out + [best[len(drafts)]]
-    p = probabilities(logits, temperature, top_k)
+    p = distribution(logits, temperature, top_k)
     for i, d in enumerate(drafts):
         q = None if draft_probs is None or i >= len(draft_probs) else draft_probs[i]
         q_d = 1.0 if q is None else float(q[d])
