@@ -70,8 +70,8 @@ if [ "$part" = pays ]; then
   # 1024, then equal memory, then the default model's shapes, then the server: in the order of
   # the targets, so that a 15-minute lease measures the first rows and the next call the rest.
   # A batch's rows share one prompt, read once (--read_once); the 8B's prompts are read whole
-  # and compressed once (snapkv: one pass, where 32k tokens in chunks of 32 took minutes a
-  # read); streaming joins every process as the baseline; kernels_per_step is in every row.
+  # and compressed once (snapkv: one pass, where chunks of 32 make a 32k prompt a thousand
+  # passes); streaming joins every process as the baseline; kernels_per_step is in every row.
   long=checkpoints/llama-3.1-8b-random
   [ -d $long ] || python scripts/random_checkpoint.py llama-3.1-8b $long --dtype bfloat16 --device cuda ${LIKE:+--like "$LIKE"}
   l8=(--checkpoint_path $long --new_tokens 32 --repeats 2 --compile on --prompt_compression snapkv)
