@@ -35,8 +35,8 @@ import torch
 from engine.cli import (CHECKPOINT_HELP, DTYPES, REGION_FLAGS, Parser,
                         add_bake_argument, add_cache_arguments, cache_factory_from_args,
                         comma_list, layer_report, list_caches, positive_float, positive_int,
-                        resolve_device,
-                        policy_option_names, resolve_dtype, run, size_cache_from_mib)
+                        resolve_device, policy_option_names, resolve_dtype, run,
+                        size_cache_from_mib)
 from core.errors import UserError
 from core.memory import empty_on_huge_pages
 
@@ -797,7 +797,8 @@ def main(argv=None) -> None:
                         "--batch_size")
     if args.speculate:
         if args.batch_size != [1] or args.memory_gib is not None:
-            raise UserError("--speculate times one stream: use --batch_size 1")
+            raise UserError("--speculate times one stream: use --batch_size 1, without "
+                            "--memory_gib")
         if any(c != "full" for c in args.cache) and args.compression_interval is None:
             from caches import DEFAULT_CHUNK
             args.compression_interval = (args.prefill_chunk or DEFAULT_CHUNK) - args.speculate_k

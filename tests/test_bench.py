@@ -126,6 +126,7 @@ def assert_one_line_error(status, err, needle):
     (["--compile", "off", "--bake_weights"], "--bake_weights bakes the weights into compiled"),
     (["--memory_gib", "1", "--batch_size", "4"], "--memory_gib sets each policy's batch"),
     (["--memory_gib", "0"], "--memory_gib"),
+    (["--memory_gib", "1", "--speculate", "ngram"], "--speculate times one stream"),
 ])
 def test_bad_arguments_are_one_line_errors(args, needle, capsys):
     assert_one_line_error(*in_process("bench", args, capsys), needle)
