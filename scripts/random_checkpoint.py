@@ -31,8 +31,10 @@ SHAPES = {
                        max_position_embeddings=8192),
 }
 # Llama-3.1-8B: the same shapes, 128k positions by its RoPE frequency scaling (contexts past 8k)
-SHAPES["llama-3.1-8b"] = dict(SHAPES["llama-3-8b"], max_position_embeddings=131072, rope_scaling=dict(
-    factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192))
+SHAPES["llama-3.1-8b"] = dict(
+    SHAPES["llama-3-8b"], max_position_embeddings=131072,
+    rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                      original_max_position_embeddings=8192))
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
