@@ -285,6 +285,15 @@ class KVCache(nn.Module):
         """The buffers that hold the stream (the shared RoPE table excluded)."""
         return {name: b for name, b in self.named_buffers() if name != "rope"}
 
+    # Buffers every row of a batch shares: the RoPE table and a layer's random key (CaM's
+    # draws); all others hold one row per stream on dim 0.
+    shared_buffers = ("rope", "rng_key")
+
+    def row_buffers(self) -> dict:
+        """The buffers that hold a row per stream (dim 0), by name."""
+        return {name: b for name, b in self._buffers.items()
+                if b is not None and name not in self.shared_buffers}
+
     @property
     def nbytes(self) -> int:
         """Exact bytes of the K/V storage and index maps (the shared RoPE table excluded)."""

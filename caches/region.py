@@ -487,13 +487,12 @@ class RegionCache(KVCache):
         any height (a wavefront's layers at work vary from wave to wave: a graph for each
         height took minutes to compile)."""
         B = caches[0].pos.shape[0]
-        buffers = {name: (t if name == "rope" or t is None else torch.cat(
-            [c._buffers[name].expand(B) if name == "rng_key" else c._buffers[name]
-             for c in caches])) for name, t in caches[0]._buffers.items()}
-        for name, t in buffers.items():
-            if t is not None and name != "rope":
-                torch._dynamo.maybe_mark_dynamic(t, 0)
-        stack = caches[0].with_buffers(buffers)
+        rows = {name: torch.cat([c._buffers[name] for c in caches])
+                for name in caches[0].row_buffers()}
+        rows["rng_key"] = torch.cat([c.rng_key.expand(B) for c in caches])
+        for t in rows.values():
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+        stack = caches[0].with_buffers({**caches[0]._buffers, **rows})
         stack.any_rows = True
         return stack
 
@@ -505,10 +504,9 @@ class RegionCache(KVCache):
     def unstack(self, caches: list) -> None:
         """Write this stack's rows back into the caches it was made of."""
         B = caches[0].pos.shape[0]
-        for name, t in self._buffers.items():
-            if name not in ("rope", "rng_key") and t is not None:
-                for i, c in enumerate(caches):
-                    c._buffers[name].copy_(t[i * B:(i + 1) * B])
+        for name, t in self.row_buffers().items():
+            for i, c in enumerate(caches):
+                c._buffers[name].copy_(t[i * B:(i + 1) * B])
 
     def alike(self) -> tuple:
         """What caches must share to be stacked (`stacked`): class, settings (every plain
@@ -530,9 +528,8 @@ class RegionCache(KVCache):
 
     def reset(self) -> None:
         self.due = True
-        for name, b in self.named_buffers():
-            if name not in ("rope", "rng_key"):
-                b.fill_(-1 if name == "pos" else 0)
+        for name, b in self.row_buffers().items():
+            b.fill_(-1 if name == "pos" else 0)
 
     # ---- compression -------------------------------------------------------------------------
     def compress_step(self, cur: Tensor) -> None:

@@ -17,8 +17,8 @@ from engine.runtime.generation import Session
 # What a stream may keep per token: its id in the session's token history (a list's 8-byte
 # pointer, and the list's spare room as it grows). A kept tensor costs hundreds of bytes.
 BYTES_PER_TOKEN = 16
-SLACK_OBJECTS = 8
-LENGTHS = [5, 17, 33, 9, 24, 3, 40, 12]  # a batcher wave's prompts  # the collector's own bookkeeping between two counts
+SLACK_OBJECTS = 8  # the collector's own bookkeeping between two counts
+LENGTHS = [5, 17, 33, 9, 24, 3, 40, 12]  # a batcher wave's prompts
 
 
 class _MallInfo2(ctypes.Structure):

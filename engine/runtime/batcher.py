@@ -150,13 +150,9 @@ def decode_logits(model, caches, token: Tensor, input_pos: Tensor) -> Tensor:
     return forward(model, token, input_pos, caches)[:, -1]
 
 
-def row_state(view) -> dict:
-    return {name: t for name, t in view.state().items() if name != "rng_key"}
-
-
 def copy_row(src: list, dst: list) -> None:
     for a, b in zip(src, dst):
-        for t, u in zip(row_state(a).values(), row_state(b).values()):
+        for t, u in zip(a.row_buffers().values(), b.row_buffers().values()):
             u.copy_(t)
 
 

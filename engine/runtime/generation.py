@@ -436,7 +436,7 @@ class Session:
         t0 = time.perf_counter()
         logits = self._prefill([0], [ids])
         for cache in self.caches:
-            for buf in row_buffers(cache).values():
+            for buf in cache.row_buffers().values():
                 buf[1:].copy_(buf[:1].expand_as(buf[1:]))
         self.logits = logits.expand(self.batch_size, -1).contiguous()
         self.tokens = [list(ids) for _ in range(self.batch_size)]
@@ -703,18 +703,11 @@ def describe_spec(spec: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in spec.items())
 
 
-def row_buffers(cache) -> dict:
-    """The cache's buffers that hold a row per stream (dim 0): all but the RoPE table and CaM's
-    random key, which every row shares."""
-    return {name: t for name, t in cache._buffers.items()
-            if t is not None and name not in ("rope", "rng_key")}
-
-
 def row_view(cache, b: int):
     """Cache `cache` seen as batch row b alone: its buffers are views of row b, so in-place
     writes land in the batched buffers (a row's prompt is prefilled on its own)."""
     return cache.with_buffers({**cache._buffers, **{name: t[b:b + 1] for name, t
-                                                    in row_buffers(cache).items()}})
+                                                    in cache.row_buffers().items()}})
 
 
 class Generator(Session):
