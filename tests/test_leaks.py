@@ -1,8 +1,8 @@
 """Long runs hold constant memory, checked by counting what is alive, not by the clock: the live
-tensors, the Python objects the collector tracks and the bytes malloc has handed out are the
-same after many decode steps (session turns, batcher requests) as after a few, for every
-policy. A run that keeps one small tensor a step (as the decode loop once kept its tokens)
-grows by thousands of tensors here; scripts/soak.py measures the same at full scale."""
+tensors, the Python objects the collector tracks and the bytes malloc has handed out do not
+grow from a few decode steps to many (session turns, batcher requests), for every policy. A
+run that keeps one small tensor a step (as the decode loop once kept its tokens) grows by
+thousands of tensors here; scripts/soak.py measures the same at full scale."""
 import ctypes
 import gc
 
@@ -49,7 +49,9 @@ def census():
 
 def assert_flat(before, after, tokens: int, what: str):
     (t0, o0, b0), (t1, o1, b1) = before, after
-    assert t1 == t0, f"{what}: {t1 - t0} more live tensors after {tokens} more tokens"
+    # Fewer is no leak: tests before this one in the process may leave tensors that are let go
+    # of meanwhile (116 fewer once, after test_caches and test_layers).
+    assert t1 <= t0, f"{what}: {t1 - t0} more live tensors after {tokens} more tokens"
     assert o1 - o0 <= SLACK_OBJECTS, f"{what}: {o1 - o0} more objects after {tokens} tokens"
     assert b1 - b0 <= BYTES_PER_TOKEN * tokens, \
         f"{what}: malloc holds {b1 - b0} more bytes after {tokens} more tokens"
